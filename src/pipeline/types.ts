@@ -1,0 +1,35 @@
+import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
+import type { Timings } from "./timings.js";
+
+export interface PipelineContext {
+  requestId: string;
+  /** Organization the request is charged to (from the API key). */
+  orgId: string;
+  timings: Timings;
+  signal?: AbortSignal;
+}
+
+export interface ModelListing {
+  id: string;
+  family: "general" | "factcheck" | "codesearch";
+  /** Public name this one is an alias of, or null. */
+  alias_of: string | null;
+  deprecated: boolean;
+  /** Model build (manifest build hash) it resolves to here. */
+  build: string | null;
+  ready: boolean;
+}
+
+/**
+ * The one path from a validated envelope to a response: the HTTP route and
+ * the batch CLI both call `run`. It validates what depends on the model
+ * (question counts, types), builds prompts, tokenizes, runs the workers and
+ * turns option log-probabilities into answers. Failures are `AssayError`s.
+ */
+export interface Pipeline {
+  run(envelope: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse>;
+  listModels(): ModelListing[];
+  /** True once the default model is loaded and warm. */
+  ready(): boolean;
+  close(): Promise<void>;
+}

@@ -1,0 +1,118 @@
+import { z } from "zod";
+
+/** Spec limits, in one place. */
+export const LIMITS = {
+  generalQuestions: { min: 1, max: 64 },
+  codeSearchQuestions: { min: 1, max: 128 },
+  options: { min: 2, max: 255 },
+  levels: { min: 2, max: 255 },
+  bodyBytes: 1024 * 1024, // 1 MiB
+  codeSearchStateChars: 2_000_000,
+} as const;
+
+const instructions = z.string().optional();
+
+export const NoulQuestion = z.strictObject({
+  type: z.literal("noul"),
+  instructions,
+  criteria: z
+    .strictObject({ true: z.string().optional(), false: z.string().optional() })
+    .optional(),
+});
+
+export const ChoiceQuestion = z.strictObject({
+  type: z.literal("choice"),
+  instructions,
+  criteria: z
+    .record(z.string().min(1, "option keys must be non-empty"), z.string().nullable())
+    .refine((c) => Object.keys(c).length >= LIMITS.options.min && Object.keys(c).length <= LIMITS.options.max, {
+      message: `a choice question needs ${LIMITS.options.min} to ${LIMITS.options.max} options`,
+    }),
+});
+
+export const ScoreQuestion = z.strictObject({
+  type: z.literal("score"),
+  instructions,
+  criteria: z
+    .array(z.string())
+    .min(LIMITS.levels.min, `a score question needs ${LIMITS.levels.min} to ${LIMITS.levels.max} levels`)
+    .max(LIMITS.levels.max, `a score question needs ${LIMITS.levels.min} to ${LIMITS.levels.max} levels`),
+});
+
+/** Code search accepts `boolean` and answers it exactly like `noul`. */
+export const BooleanQuestion = NoulQuestion.extend({ type: z.literal("boolean") });
+
+export const Question = z.discriminatedUnion("type", [NoulQuestion, ChoiceQuestion, ScoreQuestion]);
+export type Question = z.infer<typeof Question>;
+export type NoulQuestion = z.infer<typeof NoulQuestion>;
+export type ChoiceQuestion = z.infer<typeof ChoiceQuestion>;
+export type ScoreQuestion = z.infer<typeof ScoreQuestion>;
+
+export const State = z.union([z.string(), z.record(z.string(), z.unknown()), z.array(z.unknown())], {
+  error: "state must be a string, an object or an array",
+});
+export type State = z.infer<typeof State>;
+
+/**
+ * The envelope only: `questions` is checked per family once the model is
+ * known, because the count limit and the allowed types depend on it.
+ */
+export const RequestEnvelope = z.strictObject({
+  model: z.string().min(1).default("judge-latest"),
+  state: State,
+  questions: z.record(z.string(), z.unknown()),
+});
+export type RequestEnvelope = z.infer<typeof RequestEnvelope>;
+
+export function generalQuestions() {
+  return z
+    .record(z.string(), Question)
+    .refine(
+      (q) => Object.keys(q).length >= LIMITS.generalQuestions.min && Object.keys(q).length <= LIMITS.generalQuestions.max,
+      { message: `general models take ${LIMITS.generalQuestions.min} to ${LIMITS.generalQuestions.max} questions` },
+    );
+}
+
+// ---- answers ---------------------------------------------------------------
+
+export interface NoulAnswer {
+  type: "noul";
+  noul: number;
+}
+export interface ChoiceAnswer {
+  type: "choice";
+  choice: string;
+  probabilities: Record<string, number>;
+  confidence: number;
+}
+export interface ScoreAnswer {
+  type: "score";
+  score: number;
+  legend: Record<string, string>;
+  probabilities: Record<string, number>;
+  confidence: number;
+}
+export type Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer;
+
+export interface Usage {
+  input_tokens: number;
+  output_tokens: number;
+}
+
+export interface SystemOneResponse {
+  model: string;
+  answers: Record<string, Answer>;
+  usage: Usage;
+  request_id?: string;
+  [extra: string]: unknown;
+}
+
+/** Render a zod error as one readable sentence list for `detail`. */
+export function describeZodError(err: z.ZodError): string {
+  return err.issues
+    .map((i) => {
+      const path = i.path.length ? i.path.map(String).join(".") : "body";
+      return `${path}: ${i.message}`;
+    })
+    .join("; ");
+}
