@@ -43,6 +43,8 @@ const Env = z.object({
   ASSAY_INTRA_OP_THREADS: z.coerce.number().int().min(1).optional(),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64),
+  /** Longest packed sequence (state + questions + label tokens) one request may need. */
+  ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score). */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("off"),
 });
@@ -60,6 +62,7 @@ export type Config = Readonly<{
   workers: number;
   intraOpThreads: number;
   queueMax: number;
+  maxPackedTokens: number;
   debias: "off" | "cyclic";
 }>;
 
@@ -92,6 +95,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     workers,
     intraOpThreads,
     queueMax: e.ASSAY_QUEUE_MAX,
+    maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,
     ...overrides,
   });

@@ -1,0 +1,186 @@
+/**
+ * Packs one request into a single sequence for one forward pass.
+ *
+ *   [ prefix (state) | q0 suffix, q0 label-trie | q1 suffix, q1 trie | ... ]
+ *
+ * Attention is a tree laid out depth-first: token i sees token j iff j is an
+ * ancestor-or-self of i, i.e. `j <= i <= subtreeEnd[j]`. The prefix is a chain
+ * whose subtree is everything; each question's block is a chain hanging off
+ * the prefix; positions restart after the prefix for every block, so each
+ * question sees exactly the tokens it would see alone.
+ *
+ * Labels that need several tokens are scored exactly with a trie: every
+ * internal trie node is one more token in its question's block, and the
+ * label's log-probability is the sum of its tokens' conditional
+ * log-probabilities. When one label is a token-prefix of another, the end of
+ * turn token is read after every label so that the events stay disjoint.
+ */
+
+export interface EncodedQuestion {
+  suffix: number[];
+  labels: number[][];
+  /** Token that ends the answer (end of turn); used only when labels nest. */
+  terminator: number;
+}
+
+export interface PackedRequest {
+  inputIds: BigInt64Array;
+  positionIds: BigInt64Array;
+  subtreeEnd: BigInt64Array;
+  gatherIdx: BigInt64Array;
+  /** Row-major [rows, width]: token ids read at each gathered position. */
+  targetIds: BigInt64Array;
+  rows: number;
+  width: number;
+  /** Per question, per label: flat indices into the [rows, width] output. */
+  readout: number[][][];
+  /** Tokens of prefix + suffixes: what `usage.input_tokens` counts. */
+  promptTokens: number;
+  prefixLength: number;
+}
+
+interface TrieNode {
+  token: number;
+  children: Map<number, TrieNode>;
+  /** Labels ending at this node. */
+  ends: number[];
+  /** Index in the packed sequence (the root: the suffix's last token). */
+  seq: number;
+  row: number;
+}
+
+function buildTrie(labels: number[][]): { root: TrieNode; nested: boolean } {
+  const root: TrieNode = { token: -1, children: new Map(), ends: [], seq: -1, row: -1 };
+  labels.forEach((toks, li) => {
+    if (toks.length === 0) throw new Error(`label ${li} encodes to no tokens`);
+    let node = root;
+    for (const t of toks) {
+      let next = node.children.get(t);
+      if (!next) {
+        next = { token: t, children: new Map(), ends: [], seq: -1, row: -1 };
+        node.children.set(t, next);
+      }
+      node = next;
+    }
+    node.ends.push(li);
+  });
+  let nested = false;
+  const walk = (n: TrieNode): void => {
+    if (n.ends.length > 0 && n.children.size > 0) nested = true;
+    if (n.ends.length > 1) throw new Error("two labels encode to the same tokens");
+    n.children.forEach(walk);
+  };
+  walk(root);
+  return { root, nested };
+}
+
+export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequest {
+  if (prefix.length === 0) throw new Error("empty prefix");
+  const ids: number[] = [...prefix];
+  const pos: number[] = prefix.map((_, i) => i);
+  const end: number[] = prefix.map(() => -1); // filled with T-1 at the end
+  const gather: number[] = [];
+  const targets: number[][] = [];
+  const readout: number[][][] = [];
+  let promptTokens = prefix.length;
+
+  for (const q of questions) {
+    if (q.suffix.length === 0) throw new Error("empty question suffix");
+    const blockStart = ids.length;
+    for (let i = 0; i < q.suffix.length; i++) {
+      ids.push(q.suffix[i]!);
+      pos.push(prefix.length + i);
+      end.push(-2); // block end, patched below
+    }
+    promptTokens += q.suffix.length;
+    const { root, nested } = buildTrie(q.labels);
+    root.seq = ids.length - 1;
+    const rootPos = prefix.length + q.suffix.length - 1;
+
+    // Depth-first: emit a token for every node that must be read from.
+    const needsToken = (n: TrieNode) => n.children.size > 0 || (nested && n.ends.length > 0);
+    const emit = (n: TrieNode, depth: number): void => {
+      for (const child of n.children.values()) {
+        if (!needsToken(child)) continue;
+        child.seq = ids.length;
+        ids.push(child.token);
+        pos.push(rootPos + depth + 1);
+        end.push(-3);
+        emit(child, depth + 1);
+        end[child.seq] = ids.length - 1;
+      }
+    };
+    emit(root, 0);
+    const blockEnd = ids.length - 1;
+    for (let i = blockStart; i < blockStart + q.suffix.length; i++) end[i] = blockEnd;
+
+    // One gathered row per node read from; columns: children, then terminator.
+    const colOf = new Map<TrieNode, Map<number, number>>();
+    const addRows = (n: TrieNode): void => {
+      if (n !== root && !needsToken(n)) return;
+      const cols = new Map<number, number>();
+      const tgt: number[] = [];
+      for (const t of n.children.keys()) {
+        cols.set(t, tgt.length);
+        tgt.push(t);
+      }
+      if (nested && n.ends.length > 0) {
+        cols.set(-1, tgt.length);
+        tgt.push(q.terminator);
+      }
+      n.row = gather.length;
+      gather.push(n.seq);
+      targets.push(tgt);
+      colOf.set(n, cols);
+      n.children.forEach(addRows);
+    };
+    addRows(root);
+
+    readout.push(
+      q.labels.map((toks) => {
+        const path: [TrieNode, number][] = [];
+        let node = root;
+        for (const t of toks) {
+          path.push([node, t]);
+          node = node.children.get(t)!;
+        }
+        if (nested) path.push([node, -1]);
+        return path.map(([n, t]) => encodeCell(n.row, colOf.get(n)!.get(t)!));
+      }),
+    );
+  }
+
+  const T = ids.length;
+  const width = Math.max(1, ...targets.map((t) => t.length));
+  const targetIds = new BigInt64Array(targets.length * width);
+  targets.forEach((t, r) => t.forEach((id, c) => (targetIds[r * width + c] = BigInt(id))));
+  return {
+    inputIds: BigInt64Array.from(ids, BigInt),
+    positionIds: BigInt64Array.from(pos, BigInt),
+    subtreeEnd: BigInt64Array.from(end, (e) => BigInt(e === -1 ? T - 1 : e)),
+    gatherIdx: BigInt64Array.from(gather, BigInt),
+    targetIds,
+    rows: targets.length,
+    width,
+    // Cells were encoded as (row, col) pairs before the width was known.
+    readout: readout.map((q) => q.map((cells) => cells.map((c) => decodeCell(c, width)))),
+    promptTokens,
+    prefixLength: prefix.length,
+  };
+}
+
+// (row, col) packed into one number until the final width is known.
+const COLS = 1 << 16;
+const encodeCell = (row: number, col: number) => row * COLS + col;
+const decodeCell = (cell: number, width: number) => Math.floor(cell / COLS) * width + (cell % COLS);
+
+/** Log-probability of every label of every question from the model output. */
+export function readLabels(p: PackedRequest, logprobs: Float32Array): number[][] {
+  return p.readout.map((q) =>
+    q.map((cells) => {
+      let s = 0;
+      for (const c of cells) s += logprobs[c]!;
+      return s;
+    }),
+  );
+}

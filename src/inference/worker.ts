@@ -1,0 +1,87 @@
+import { workerData } from "node:worker_threads";
+import ort from "onnxruntime-node";
+import type { InferTask, LaneOptions, Task, TaskResult } from "./protocol.js";
+
+/**
+ * Piscina worker: owns one onnxruntime session per model file. session.run
+ * does its native work on the calling thread, which is why inference lives
+ * here and never on the event loop.
+ */
+const lane = workerData as LaneOptions;
+const sessions = new Map<string, Promise<{ session: ort.InferenceSession; provider: string }>>();
+
+async function create(model: string): Promise<{ session: ort.InferenceSession; provider: string }> {
+  const common: ort.InferenceSession.SessionOptions = {
+    intraOpNumThreads: lane.intraOpThreads,
+    interOpNumThreads: 1,
+    graphOptimizationLevel: "all",
+  };
+  if (lane.provider === "cuda") {
+    try {
+      const session = await ort.InferenceSession.create(model, {
+        ...common,
+        executionProviders: [{ name: "cuda", deviceId: lane.deviceId }],
+      });
+      return { session, provider: `cuda:${lane.deviceId}` };
+    } catch (e) {
+      const why = e instanceof Error ? e.message : String(e);
+      if (!lane.cudaFallbackCpu) {
+        throw new Error(`CUDA execution provider could not start on device ${lane.deviceId}: ${why}`);
+      }
+      console.error(`[assay] CUDA could not start on device ${lane.deviceId} (${why}); falling back to CPU as configured`);
+    }
+  }
+  const session = await ort.InferenceSession.create(model, { ...common, executionProviders: ["cpu"] });
+  return { session, provider: "cpu" };
+}
+
+function session(model: string) {
+  let s = sessions.get(model);
+  if (!s) {
+    s = create(model);
+    sessions.set(model, s);
+    s.catch(() => sessions.delete(model));
+  }
+  return s;
+}
+
+async function infer(t: InferTask): Promise<TaskResult> {
+  const { session: s, provider } = await session(t.model);
+  const T = t.inputIds.length;
+  const feeds: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor("int64", t.inputIds, [T]),
+    position_ids: new ort.Tensor("int64", t.positionIds, [T]),
+    subtree_end: new ort.Tensor("int64", t.subtreeEnd, [T]),
+    gather_idx: new ort.Tensor("int64", t.gatherIdx, [t.rows]),
+    target_ids: new ort.Tensor("int64", t.targetIds, [t.rows, t.width]),
+  };
+  const start = performance.now();
+  const out = await s.run(feeds);
+  const runMs = performance.now() - start;
+  const lp = out.logprobs;
+  if (!lp) throw new Error("model returned no logprobs output");
+  // Copy: the tensor's buffer belongs to onnxruntime.
+  return { ok: true, logprobs: Float32Array.from(lp.data as Float32Array), runMs, provider };
+}
+
+export default async function run(task: Task): Promise<TaskResult> {
+  try {
+    switch (task.kind) {
+      case "infer":
+        return await infer(task);
+      case "load": {
+        const start = performance.now();
+        const { provider } = await session(task.model);
+        return { ok: true, loaded: true, provider, loadMs: performance.now() - start };
+      }
+      case "unload": {
+        const s = sessions.get(task.model);
+        sessions.delete(task.model);
+        if (s) await (await s).session.release();
+        return { ok: true, loaded: false, provider: lane.provider, loadMs: 0 };
+      }
+    }
+  } catch (e) {
+    return { ok: false, code: "MODEL_FAILED", message: e instanceof Error ? e.message : String(e) };
+  }
+}

@@ -1,0 +1,102 @@
+import type { Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer } from "../validate/schema.js";
+import type { CalibrationFit } from "../models/manifest.js";
+
+/**
+ * Log-probabilities of each question's labels → the spec's answers.
+ * Plain loops over small arrays: this runs once per question.
+ */
+
+/** Softmax over label log-probabilities, divided by a temperature. Subtracts the true max. */
+export function softmax(logits: readonly number[], temperature = 1): number[] {
+  let max = -Infinity;
+  for (const l of logits) if (l > max) max = l;
+  if (!Number.isFinite(max)) return logits.map(() => 1 / logits.length);
+  const out = new Array<number>(logits.length);
+  let sum = 0;
+  for (let i = 0; i < logits.length; i++) {
+    const e = Math.exp((logits[i]! - max) / temperature);
+    out[i] = e;
+    sum += e;
+  }
+  for (let i = 0; i < out.length; i++) out[i]! /= sum;
+  return out;
+}
+
+export function argmax(xs: readonly number[]): number {
+  let best = 0;
+  for (let i = 1; i < xs.length; i++) if (xs[i]! > xs[best]!) best = i;
+  return best;
+}
+
+/** 1 when one option holds all the mass, 0 when uniform: (p_max − 1/k) / (1 − 1/k), clipped. */
+export function choiceConfidence(p: readonly number[]): number {
+  const k = p.length;
+  const c = (p[argmax(p)]! - 1 / k) / (1 - 1 / k);
+  return Math.min(1, Math.max(0, c));
+}
+
+/**
+ * Ordinal confidence: 1 − (expected distance from the mode) / (the same under
+ * a uniform distribution), floored at 0.
+ */
+export function scoreConfidence(p: readonly number[]): number {
+  const k = p.length;
+  const m = argmax(p);
+  let spread = 0;
+  let uniform = 0;
+  for (let i = 0; i < k; i++) {
+    spread += p[i]! * Math.abs(i - m);
+    uniform += Math.abs(i - m) / k;
+  }
+  if (uniform === 0) return 1;
+  return Math.min(1, Math.max(0, 1 - spread / uniform));
+}
+
+export function temperatureFor(fit: CalibrationFit | null | undefined, type: string, k: number): number {
+  if (!fit) return 1;
+  return fit.temperatures[`${type}:${k}`] ?? fit.temperatures[`${type}:*`] ?? 1;
+}
+
+export function noulAnswer(lp: readonly number[], t = 1): NoulAnswer {
+  // labels are [yes, no]
+  return { type: "noul", noul: softmax(lp, t)[0]! };
+}
+
+export function choiceAnswer(keys: readonly string[], lp: readonly number[], t = 1): ChoiceAnswer {
+  const p = softmax(lp, t);
+  const probabilities: Record<string, number> = {};
+  keys.forEach((k, i) => (probabilities[k] = p[i]!));
+  return { type: "choice", choice: keys[argmax(p)]!, probabilities, confidence: choiceConfidence(p) };
+}
+
+export function scoreAnswer(levels: readonly string[], lp: readonly number[], t = 1): ScoreAnswer {
+  const p = softmax(lp, t);
+  const probabilities: Record<string, number> = {};
+  const legend: Record<string, string> = {};
+  let score = 0;
+  p.forEach((pi, i) => {
+    probabilities[String(i)] = pi;
+    legend[String(i)] = levels[i]!;
+    score += i * pi;
+  });
+  return { type: "score", score, legend, probabilities, confidence: scoreConfidence(p) };
+}
+
+export interface QuestionReadout {
+  type: "noul" | "choice" | "score";
+  keys: readonly string[];
+  /** Level texts for score questions. */
+  levels?: readonly string[];
+}
+
+export function answer(q: QuestionReadout, lp: readonly number[], fit: CalibrationFit | null | undefined): Answer {
+  const t = temperatureFor(fit, q.type, lp.length);
+  switch (q.type) {
+    case "noul":
+      return noulAnswer(lp, t);
+    case "choice":
+      return choiceAnswer(q.keys, lp, t);
+    case "score":
+      return scoreAnswer(q.levels ?? q.keys, lp, t);
+  }
+}
