@@ -42,8 +42,11 @@ function ensureNodeModules() {
   const stamp = path.join(ROOT, "node_modules", ".assay-lock-hash");
   const want = hashOf(path.join(ROOT, "package-lock.json"));
   if (stampOk(stamp, want)) return;
-  say("installing npm dependencies (npm ci) ...");
-  run("npm", ["ci", "--no-audit", "--no-fund"]);
+  // `npm install`, not `npm ci`: with this registry set-up npm writes lock
+  // files without the other platforms' optional packages, which `npm ci`
+  // then rejects. With the lock file present `npm install` installs exactly it.
+  say("installing npm dependencies (npm install) ...");
+  run("npm", ["install", "--no-audit", "--no-fund"]);
   fs.writeFileSync(stamp, want);
 }
 

@@ -1,0 +1,43 @@
+/**
+ * `Authorization: Bearer <key>` → organization. Runs as a route preHandler,
+ * after the body size and content type checks and before the body is
+ * parsed. A refused key gets 401 with a detail saying which check failed;
+ * saying "revoked" leaks nothing, since only the key's holder can learn it.
+ */
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { AccountsStore } from "../accounts/types.js";
+import { isWellFormedKey } from "../accounts/keys.js";
+import { AssayError } from "../errors/catalogue.js";
+
+const unauthorized = (detail: string) => new AssayError("UNAUTHORIZED", detail);
+
+/** Parse the header; throws 401 for missing or malformed. */
+export function bearerToken(header: string | undefined): string {
+  if (header === undefined || header.trim() === "") {
+    throw unauthorized("missing Authorization header: send `Authorization: Bearer <API key>`");
+  }
+  const m = /^Bearer[ \t]+(\S+)[ \t]*$/i.exec(header);
+  if (!m?.[1]) {
+    throw unauthorized("malformed Authorization header: expected `Bearer <API key>`");
+  }
+  if (!isWellFormedKey(m[1])) {
+    throw unauthorized("malformed API key: keys look like `sk-assay-` followed by 43 characters");
+  }
+  return m[1];
+}
+
+export function makeAuthenticate(accounts: AccountsStore) {
+  return async function authenticate(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
+    const t = performance.now();
+    try {
+      const key = bearerToken(request.headers.authorization);
+      const check = accounts.checkKey(key);
+      if (check.state === "revoked") throw unauthorized("API key has been revoked: create a new one");
+      if (check.state === "unknown") throw unauthorized("API key is not valid: no such key");
+      request.org = check.org;
+      request.log.debug({ orgId: check.org.id, keyId: check.keyId }, "authenticated");
+    } finally {
+      request.timings.add("auth", performance.now() - t);
+    }
+  };
+}

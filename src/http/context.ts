@@ -1,0 +1,17 @@
+/**
+ * Per-request state the HTTP layer attaches to fastify's request object.
+ * Set in the global onRequest hook (timings) and the auth hook (org).
+ */
+import type { Org } from "../accounts/types.js";
+import type { Timings } from "../pipeline/timings.js";
+
+declare module "fastify" {
+  interface FastifyRequest {
+    /** One timings object per request; feeds the `x-<stage>-time` headers. */
+    timings: Timings;
+    /** The organization of the API key; null before auth and on routes without auth. */
+    org: Org | null;
+  }
+}
+
+export {};
