@@ -5,6 +5,7 @@
  */
 import { Command, CommanderError } from "commander";
 import { registerKeyCommands, type CliIO } from "./keys.js";
+import { registerEvalCommand } from "./eval.js";
 
 export type { CliIO } from "./keys.js";
 
@@ -20,6 +21,7 @@ export function buildCli(io: CliIO = defaultIO()): Command {
     .exitOverride()
     .configureOutput({ writeOut: io.stdout, writeErr: io.stderr });
   registerKeyCommands(program, io);
+  registerEvalCommand(program, io);
   return program;
 }
 

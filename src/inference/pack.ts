@@ -37,6 +37,16 @@ export interface PackedRequest {
   /** Tokens of prefix + suffixes: what `usage.input_tokens` counts. */
   promptTokens: number;
   prefixLength: number;
+  /**
+   * Branch layout for the split-attention graph: [branches, branchWidth]
+   * token indices of each question block (padded by repeating the block's
+   * first token), and for each token after the prefix its slot
+   * `b * branchWidth + l`.
+   */
+  branchSlots: BigInt64Array;
+  slotOf: BigInt64Array;
+  branches: number;
+  branchWidth: number;
 }
 
 interface TrieNode {
@@ -83,6 +93,7 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
   const targets: number[][] = [];
   const readout: number[][][] = [];
   let promptTokens = prefix.length;
+  const blocks: [number, number][] = [];
 
   for (const q of questions) {
     if (q.suffix.length === 0) throw new Error("empty question suffix");
@@ -112,6 +123,7 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     };
     emit(root, 0);
     const blockEnd = ids.length - 1;
+    blocks.push([blockStart, ids.length - blockStart]);
     for (let i = blockStart; i < blockStart + q.suffix.length; i++) end[i] = blockEnd;
 
     // One gathered row per node read from; columns: children, then terminator.
@@ -152,6 +164,13 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
 
   const T = ids.length;
   const width = Math.max(1, ...targets.map((t) => t.length));
+  const L = Math.max(1, ...blocks.map(([, n]) => n));
+  const branchSlots = new BigInt64Array(blocks.length * L);
+  const slotOf = new BigInt64Array(T - prefix.length);
+  blocks.forEach(([start, n], b) => {
+    for (let l = 0; l < L; l++) branchSlots[b * L + l] = BigInt(start + (l < n ? l : 0));
+    for (let l = 0; l < n; l++) slotOf[start + l - prefix.length] = BigInt(b * L + l);
+  });
   const targetIds = new BigInt64Array(targets.length * width);
   targets.forEach((t, r) => t.forEach((id, c) => (targetIds[r * width + c] = BigInt(id))));
   return {
@@ -166,6 +185,10 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     readout: readout.map((q) => q.map((cells) => cells.map((c) => decodeCell(c, width)))),
     promptTokens,
     prefixLength: prefix.length,
+    branchSlots,
+    slotOf,
+    branches: blocks.length,
+    branchWidth: L,
   };
 }
 

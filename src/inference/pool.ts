@@ -99,6 +99,10 @@ export class InferencePool {
       targetIds: p.targetIds,
       rows: p.rows,
       width: p.width,
+      branchSlots: p.branchSlots,
+      slotOf: p.slotOf,
+      branches: p.branches,
+      branchWidth: p.branchWidth,
     };
     // Copies are sent so the caller's PackedRequest stays readable.
     const r = await this.submit(this.pick().pool, task, [], signal);

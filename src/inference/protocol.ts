@@ -20,6 +20,10 @@ export interface InferTask {
   targetIds: BigInt64Array;
   rows: number;
   width: number;
+  branchSlots: BigInt64Array;
+  slotOf: BigInt64Array;
+  branches: number;
+  branchWidth: number;
 }
 
 export interface LoadTask {

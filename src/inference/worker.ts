@@ -54,6 +54,8 @@ async function infer(t: InferTask): Promise<TaskResult> {
     subtree_end: new ort.Tensor("int64", t.subtreeEnd, [T]),
     gather_idx: new ort.Tensor("int64", t.gatherIdx, [t.rows]),
     target_ids: new ort.Tensor("int64", t.targetIds, [t.rows, t.width]),
+    branch_slots: new ort.Tensor("int64", t.branchSlots, [t.branches, t.branchWidth]),
+    slot_of: new ort.Tensor("int64", t.slotOf, [t.slotOf.length]),
   };
   const start = performance.now();
   const out = await s.run(feeds);

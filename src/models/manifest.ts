@@ -13,7 +13,7 @@ export const CalibrationFit = z.object({
 export type CalibrationFit = z.infer<typeof CalibrationFit>;
 
 export const Manifest = z.object({
-  format: z.literal("assay-packed-v1"),
+  format: z.literal("assay-packed-v2"),
   architecture: z.string(),
   name: z.string(),
   vocab_size: z.number().int().positive(),

@@ -1,0 +1,163 @@
+/**
+ * `assay eval --model NAME --data FILE... [--limit N] [--out DIR] [--no-flip]`
+ *
+ * Runs labelled dev sets through the engine in-process (the same
+ * EnginePipeline the HTTP route uses), prints a Markdown table of metrics on
+ * stdout and writes report.md, results.json and reliability diagrams to the
+ * output folder. Progress and notes go to stderr. See src/eval/README.md.
+ */
+import path from "node:path";
+import { Writable } from "node:stream";
+import { InvalidArgumentError, type Command } from "commander";
+import cliProgress from "cli-progress";
+import { loadConfig, ROOT } from "../config/index.js";
+import { EnginePipeline } from "../pipeline/index.js";
+import { readDataset, UnsupportedDataset, type Dataset } from "../eval/datasets.js";
+import { runDatasets, type Progress } from "../eval/runner.js";
+import { summarize } from "../eval/summary.js";
+import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
+import type { CliIO } from "./keys.js";
+
+export interface EvalCliOptions {
+  model: string;
+  data: string[];
+  limit?: number;
+  out?: string;
+  flip: boolean;
+  concurrency: number;
+}
+
+const positiveInt = (name: string) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
+  return n;
+};
+
+/** `bench/out/eval/<model>-<UTC timestamp>` under the repository root. */
+export function defaultOutDir(model: string, now = new Date()): string {
+  const stamp = now.toISOString().replace(/[-:]/g, "").replace(/\.\d+Z$/, "Z");
+  return path.join(ROOT, "bench", "out", "eval", `${model.replace(/[^A-Za-z0-9._-]+/g, "_")}-${stamp}`);
+}
+
+/** cli-progress bar drawing on the CLI's stderr (TTY behaviour follows the real stderr). */
+function progressBar(io: CliIO): Progress {
+  const stream = Object.assign(
+    new Writable({
+      write(chunk: Buffer | string, _enc, cb) {
+        io.stderr(chunk.toString());
+        cb();
+      },
+    }),
+    { isTTY: process.stderr.isTTY === true, columns: process.stderr.columns },
+  );
+  const bar = new cliProgress.SingleBar(
+    {
+      stream,
+      format: "eval |{bar}| {value}/{total} requests | {dataset} | {duration_formatted} elapsed, ETA {eta_formatted}",
+      hideCursor: true,
+      noTTYOutput: true,
+      notTTYSchedule: 10_000,
+      etaBuffer: 20,
+    },
+    cliProgress.Presets.shades_classic,
+  );
+  return {
+    start: (total) => bar.start(total, 0, { dataset: "" }),
+    tick: (dataset) => bar.increment(1, { dataset }),
+    addToTotal: (n) => bar.setTotal(bar.getTotal() + n),
+    stop: () => bar.stop(),
+  };
+}
+
+export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<EvalReport> {
+  // Read every file first: a bad file fails before the model loads.
+  const datasets: Dataset[] = [];
+  const skipped: SkippedFile[] = [];
+  for (const file of opts.data) {
+    try {
+      const ds = readDataset(file, opts.limit);
+      let name = ds.name;
+      for (let i = 2; datasets.some((d) => d.name === name); i++) name = `${ds.name}-${i}`;
+      datasets.push({ ...ds, name });
+    } catch (e) {
+      if (!(e instanceof UnsupportedDataset)) throw e;
+      skipped.push({ file, reason: e.message.slice(file.length + 2) });
+      io.stderr(`assay eval: skipping ${e.message}\n`);
+    }
+  }
+  if (datasets.length === 0) throw new Error("no dataset to evaluate");
+
+  const config = loadConfig(io.env);
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  try {
+    if (!pipeline.registry.has(opts.model)) {
+      throw new Error(`unknown model "${opts.model}"; available models: ${pipeline.registry.names().join(", ")}`);
+    }
+    const resolved = pipeline.registry.resolve(opts.model);
+    if (resolved.family !== "general") {
+      throw new Error(`model "${opts.model}" is a ${resolved.family} model; eval asks noul/choice/score questions of a general model`);
+    }
+    const lb = pipeline.build(opts.model);
+    const calibration = lb.build.manifest.calibration;
+    const t0 = performance.now();
+    const createdAt = new Date();
+    const runs = await runDatasets(datasets, {
+      pipeline,
+      model: opts.model,
+      calibration,
+      concurrency: opts.concurrency,
+      flip: opts.flip,
+      progress: progressBar(io),
+    });
+    const elapsedMs = performance.now() - t0;
+    const summaries = runs.map((r) => summarize(r));
+    const report: EvalReport = {
+      model: opts.model,
+      resolved: { target: resolved.target, build: lb.build.manifest.build_hash },
+      calibration: calibration
+        ? `temperature scaling ${JSON.stringify(calibration.temperatures)} (fitted ${calibration.fitted_at})`
+        : "none (identity)",
+      createdAt: createdAt.toISOString(),
+      options: { limit: opts.limit ?? null, flip: opts.flip, concurrency: opts.concurrency, data: opts.data },
+      summaries,
+      runs,
+      skipped,
+      elapsedMs,
+    };
+    for (const s of summaries) {
+      if (s.errors > 0) io.stderr(`assay eval: ${s.dataset}: ${s.errors} of ${s.items} items got no answer (see report.md)\n`);
+    }
+    io.stdout(summaryTable(summaries));
+    const dir = opts.out ?? defaultOutDir(opts.model, createdAt);
+    writeReport(dir, report);
+    io.stderr(`wrote ${path.join(dir, "report.md")}, results.json and ${summaries.length} reliability diagram(s)\n`);
+    return report;
+  } finally {
+    await pipeline.close();
+  }
+}
+
+export function registerEvalCommand(program: Command, io: CliIO): void {
+  program
+    .command("eval")
+    .description("evaluate a model on labelled JSONL dev sets (noul, choice, score, fact check)")
+    .option("--model <name>", "public model name", "judge-latest")
+    .requiredOption("--data <files...>", "dataset files (JSONL); the format is detected from the row fields")
+    .option("--limit <n>", "at most N rows per file, evenly spaced over the file", positiveInt("--limit"))
+    .option("--out <dir>", "output folder (default bench/out/eval/<model>-<timestamp>/)")
+    .option("--no-flip", "skip the reversed-option-order pass (flip rate) for choice and score")
+    .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
+    .action(async (o: { model: string; data: string[]; limit?: number; out?: string; flip: boolean; concurrency: number }) => {
+      await evalCommand(
+        {
+          model: o.model,
+          data: o.data,
+          flip: o.flip,
+          concurrency: o.concurrency,
+          ...(o.limit !== undefined ? { limit: o.limit } : {}),
+          ...(o.out !== undefined ? { out: o.out } : {}),
+        },
+        io,
+      );
+    });
+}

@@ -1,0 +1,244 @@
+/**
+ * Answers from the real exported model (never a stub): a handful of
+ * clear-cut questions, batched so the whole file costs four forward passes.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { AssayError } from "../../src/errors/catalogue.js";
+import { prepare, type EnginePipeline } from "../../src/pipeline/index.js";
+import type { Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer, SystemOneResponse, State } from "../../src/validate/schema.js";
+import { ask, startEngine } from "./engine.js";
+
+let engine: EnginePipeline;
+
+const MEETING = "The meeting was moved to Friday because the room was flooded.";
+const MEETING_QS = {
+  moved: { type: "noul", instructions: "The meeting was moved to Friday." },
+  notMoved: { type: "noul", instructions: "The meeting was not moved." },
+  monday: { type: "noul", instructions: "The meeting was moved to Monday." },
+  nested: {
+    type: "choice",
+    instructions: "Pick one of the options.",
+    criteria: { "1": "one", "12": "twelve", "123": "one hundred twenty-three" },
+  },
+  withCriteria: {
+    type: "noul",
+    instructions: "The room was flooded.",
+    criteria: { true: "the text says the room was flooded", false: "the text does not say so" },
+  },
+} satisfies Record<string, Question>;
+
+const CAR = "Anna parked her red car next to the bakery and walked home.";
+const CAR_QS = {
+  color: { type: "choice", instructions: "What color is Anna's car?", criteria: { red: null, blue: null, green: null } },
+} satisfies Record<string, Question>;
+
+const REVIEW =
+  "Absolutely wonderful! Best purchase I have ever made. It works perfectly, arrived early, and the support team was amazing. Five stars, I love it!";
+const REVIEW_LEVELS = ["very negative", "negative", "neutral", "positive", "very positive"];
+const REVIEW_QS = {
+  sentiment: { type: "score", instructions: "How positive is this review?", criteria: REVIEW_LEVELS },
+  stars: { type: "score", instructions: "How many stars does the reviewer give?", criteria: ["1", "2", "3", "4", "5"] },
+} satisfies Record<string, Question>;
+
+const ORDER = { order: { id: 17, status: "shipped", carrier: "DHL", items: [{ sku: "A1", qty: 2 }] } };
+const ORDER_QS = {
+  status: { type: "choice", instructions: "What is the order status?", criteria: { pending: null, shipped: null, cancelled: null } },
+  carrier: { type: "choice", instructions: "Which carrier ships the order?", criteria: { UPS: null, DHL: null, FedEx: null } },
+  shipped: { type: "noul", instructions: "The order has been shipped." },
+} satisfies Record<string, Question>;
+
+let meeting: SystemOneResponse;
+let car: SystemOneResponse;
+let review: SystemOneResponse;
+let order: SystemOneResponse;
+
+beforeAll(async () => {
+  engine = await startEngine();
+  // One forward pass per state; run one after another (one lane, 2 cores).
+  meeting = await ask(engine, MEETING, MEETING_QS, "judge-v4");
+  car = await ask(engine, CAR, CAR_QS, "vendor/judge-9B");
+  review = await ask(engine, REVIEW, REVIEW_QS);
+  order = await ask(engine, ORDER, ORDER_QS, "judge-v3");
+});
+
+afterAll(async () => {
+  await engine?.close();
+});
+
+const noul = (a: Answer | undefined): NoulAnswer => {
+  expect(a?.type).toBe("noul");
+  return a as NoulAnswer;
+};
+const choice = (a: Answer | undefined): ChoiceAnswer => {
+  expect(a?.type).toBe("choice");
+  return a as ChoiceAnswer;
+};
+const score = (a: Answer | undefined): ScoreAnswer => {
+  expect(a?.type).toBe("score");
+  return a as ScoreAnswer;
+};
+const sum = (o: Record<string, number>) => Object.values(o).reduce((a, b) => a + b, 0);
+
+/** Shape checks the spec asks of every answer. */
+function checkResponse(res: SystemOneResponse, questions: Record<string, Question>): void {
+  expect(Object.keys(res.answers).sort()).toEqual(Object.keys(questions).sort());
+  for (const [id, q] of Object.entries(questions)) {
+    const a = res.answers[id]!;
+    expect(a.type, id).toBe(q.type);
+    switch (q.type) {
+      case "noul": {
+        const n = noul(a);
+        expect(n.noul).toBeGreaterThanOrEqual(0);
+        expect(n.noul).toBeLessThanOrEqual(1);
+        break;
+      }
+      case "choice": {
+        const c = choice(a);
+        const keys = Object.keys(q.criteria);
+        expect(Object.keys(c.probabilities).sort()).toEqual([...keys].sort());
+        expect(Math.abs(sum(c.probabilities) - 1), id).toBeLessThan(1e-9);
+        for (const p of Object.values(c.probabilities)) {
+          expect(p).toBeGreaterThanOrEqual(0);
+          expect(p).toBeLessThanOrEqual(1);
+        }
+        expect(keys).toContain(c.choice);
+        expect(c.probabilities[c.choice]).toBe(Math.max(...Object.values(c.probabilities)));
+        expect(c.confidence).toBeGreaterThanOrEqual(0);
+        expect(c.confidence).toBeLessThanOrEqual(1);
+        break;
+      }
+      case "score": {
+        const s = score(a);
+        const levels = q.criteria.map((_, i) => String(i));
+        expect(Object.keys(s.probabilities).sort()).toEqual([...levels].sort());
+        expect(Math.abs(sum(s.probabilities) - 1), id).toBeLessThan(1e-9);
+        expect(s.legend).toEqual(Object.fromEntries(q.criteria.map((text, i) => [String(i), text])));
+        const expected = q.criteria.reduce((acc, _, i) => acc + i * s.probabilities[String(i)]!, 0);
+        expect(s.score).toBeCloseTo(expected, 9);
+        expect(s.score).toBeGreaterThanOrEqual(0);
+        expect(s.score).toBeLessThanOrEqual(q.criteria.length - 1);
+        expect(s.confidence).toBeGreaterThanOrEqual(0);
+        expect(s.confidence).toBeLessThanOrEqual(1);
+        break;
+      }
+    }
+  }
+}
+
+describe("clear-cut questions are answered the right way round", () => {
+  it("noul: a stated fact is likely true; its negation and a contradiction are less likely", () => {
+    const moved = noul(meeting.answers.moved).noul;
+    expect(moved).toBeGreaterThan(0.5);
+    expect(noul(meeting.answers.notMoved).noul).toBeLessThan(moved);
+    expect(noul(meeting.answers.monday).noul).toBeLessThan(moved);
+    expect(noul(meeting.answers.notMoved).noul).toBeLessThan(0.5);
+  });
+
+  it("choice: a plainly stated color wins", () => {
+    const c = choice(car.answers.color);
+    expect(c.choice).toBe("red");
+    expect(c.probabilities.red).toBeGreaterThan(c.probabilities.blue!);
+    expect(c.probabilities.red).toBeGreaterThan(c.probabilities.green!);
+  });
+
+  it("choice on a JSON state: the value in the JSON wins", () => {
+    expect(choice(order.answers.status).choice).toBe("shipped");
+    expect(choice(order.answers.carrier).choice).toBe("DHL");
+  });
+
+  it("score: an obviously very positive review lands in the upper half", () => {
+    const s = score(review.answers.sentiment);
+    expect(s.score).toBeGreaterThan((REVIEW_LEVELS.length - 1) / 2);
+    const stars = score(review.answers.stars);
+    expect(stars.score).toBeGreaterThan(2);
+  });
+});
+
+describe("response shape", () => {
+  it("every answer has its question's type; choice/score distributions cover every key and sum to 1", () => {
+    checkResponse(meeting, MEETING_QS);
+    checkResponse(car, CAR_QS);
+    checkResponse(review, REVIEW_QS);
+    checkResponse(order, ORDER_QS);
+  });
+
+  it("score legend maps level numbers to the level texts", () => {
+    expect(score(review.answers.sentiment).legend).toEqual({
+      "0": "very negative",
+      "1": "negative",
+      "2": "neutral",
+      "3": "positive",
+      "4": "very positive",
+    });
+    expect(score(review.answers.stars).legend).toEqual({ "0": "1", "1": "2", "2": "3", "3": "4", "4": "5" });
+  });
+
+  it("labels that need several tokens and nest (1, 12, 123) give a valid distribution", () => {
+    const c = choice(meeting.answers.nested);
+    expect(Object.keys(c.probabilities).sort()).toEqual(["1", "12", "123"]);
+    expect(Math.abs(sum(c.probabilities) - 1)).toBeLessThan(1e-9);
+    for (const p of Object.values(c.probabilities)) {
+      expect(p).toBeGreaterThan(0);
+      expect(p).toBeLessThan(1);
+    }
+  });
+
+  it("a JSON object state works", () => {
+    checkResponse(order, ORDER_QS);
+    expect(noul(order.answers.shipped).noul).toBeGreaterThan(0);
+  });
+
+  it("echoes the model name sent, not the one it resolves to", () => {
+    expect(meeting.model).toBe("judge-v4");
+    expect(car.model).toBe("vendor/judge-9B");
+    expect(review.model).toBe("judge-latest");
+    expect(order.model).toBe("judge-v3");
+  });
+
+  it("usage: input tokens > 0 (prefix + question suffixes), output tokens 0", () => {
+    for (const [res, state, qs] of [
+      [meeting, MEETING, MEETING_QS],
+      [car, CAR, CAR_QS],
+      [review, REVIEW, REVIEW_QS],
+      [order, ORDER, ORDER_QS],
+    ] as [SystemOneResponse, State, Record<string, Question>][]) {
+      expect(Number.isInteger(res.usage.input_tokens)).toBe(true);
+      expect(res.usage.input_tokens).toBeGreaterThan(0);
+      expect(res.usage.output_tokens).toBe(0);
+      const packed = prepare(engine.build(res.model), state, qs).packed;
+      expect(res.usage.input_tokens).toBe(packed.promptTokens);
+    }
+    // More questions about the same state cost more input tokens.
+    expect(meeting.usage.input_tokens).toBeGreaterThan(prepare(engine.build("judge-v4"), MEETING, { m: MEETING_QS.moved }).packed.promptTokens);
+  });
+});
+
+describe("invalid requests", () => {
+  it("an unknown model is a 422 AssayError", async () => {
+    const err = await ask(engine, MEETING, { q: MEETING_QS.moved }, "judge-v9000").catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AssayError);
+    expect((err as AssayError).status).toBe(422);
+    expect((err as AssayError).code).toBe("INVALID_REQUEST");
+    expect((err as AssayError).message).toContain("judge-v9000");
+  });
+
+  it("65 questions are a 422 AssayError; 64 are within the limit (checked by the invariance test)", async () => {
+    const qs: Record<string, Question> = {};
+    for (let i = 0; i < 65; i++) qs[`q${i}`] = { type: "noul", instructions: `Statement ${i}.` };
+    const err = await ask(engine, MEETING, qs).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AssayError);
+    expect((err as AssayError).status).toBe(422);
+  });
+
+  it("an empty questions map is a 422 AssayError", async () => {
+    const err = await ask(engine, MEETING, {}).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AssayError);
+    expect((err as AssayError).status).toBe(422);
+  });
+
+  it("a choice with one option is a 422 AssayError", async () => {
+    const err = await ask(engine, MEETING, { c: { type: "choice", criteria: { only: null } } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AssayError);
+    expect((err as AssayError).status).toBe(422);
+  });
+});

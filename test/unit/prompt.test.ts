@@ -1,0 +1,265 @@
+import { describe, expect, it } from "vitest";
+import {
+  buildPrefix,
+  buildPrompt,
+  buildQuestion,
+  renderState,
+  styleFromTemplate,
+  type PromptStyle,
+} from "../../src/prompt/index.js";
+import type { Question } from "../../src/validate/schema.js";
+
+/** Pure prompt layer: no tokenizer, no model. */
+
+const CHATML: PromptStyle = { kind: "chatml", end: "<|im_end|>" };
+const COMPLETION: PromptStyle = { kind: "completion" };
+const STYLES = [
+  ["chatml", CHATML],
+  ["completion", COMPLETION],
+] as const;
+
+/** Where the model's answer starts, per style. */
+const ANSWER_START = {
+  chatml: "<|im_end|>\n<|im_start|>assistant\n",
+  completion: "\nAnswer:",
+} as const;
+
+const count = (text: string, needle: string) => text.split(needle).length - 1;
+
+describe("styleFromTemplate", () => {
+  it("picks ChatML when the template writes <|im_start|>", () => {
+    expect(styleFromTemplate("{{- '<|im_start|>' + message.role + '\\n' }}")).toEqual(CHATML);
+  });
+
+  it("falls back to plain completion without a chat template", () => {
+    expect(styleFromTemplate(null)).toEqual(COMPLETION);
+    expect(styleFromTemplate("")).toEqual(COMPLETION);
+    expect(styleFromTemplate("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")).toEqual(COMPLETION);
+  });
+});
+
+describe("state rendering", () => {
+  it("keeps a text state as it is", () => {
+    expect(renderState("The meeting was moved.\nSecond line.")).toBe("The meeting was moved.\nSecond line.");
+  });
+
+  it("renders a JSON object state as JSON text", () => {
+    const state = { order: { id: 17, status: "shipped", items: [{ sku: "A1", qty: 2 }] }, note: null };
+    const text = renderState(state);
+    expect(text).toBe('{"order":{"id":17,"status":"shipped","items":[{"sku":"A1","qty":2}]},"note":null}');
+    expect(JSON.parse(text)).toEqual(state);
+  });
+
+  it("renders a JSON array state as JSON text", () => {
+    expect(renderState([1, "two", { three: 3 }])).toBe('[1,"two",{"three":3}]');
+  });
+
+  it("a JSON string-looking text state is not re-encoded", () => {
+    // A string state is text, even when it happens to be JSON: no extra quotes.
+    expect(renderState('{"a":1}')).toBe('{"a":1}');
+  });
+
+  it.each(STYLES)("%s prefix carries the rendered state", (_name, style) => {
+    const state = { user: "ana", tags: ["x", "y"] };
+    const prefix = buildPrefix(style, state);
+    expect(prefix).toContain(JSON.stringify(state));
+    expect(prefix).not.toContain("[object Object]");
+    expect(buildPrefix(style, "plain text state")).toContain("plain text state");
+  });
+});
+
+describe("prefix", () => {
+  it("chatml: a system turn, then an open user turn holding the state", () => {
+    const prefix = buildPrefix(CHATML, "S");
+    expect(prefix.startsWith("<|im_start|>system\n")).toBe(true);
+    expect(prefix).toContain("<|im_end|>\n<|im_start|>user\n");
+    // The user turn stays open: the question suffix closes it.
+    expect(count(prefix, "<|im_start|>")).toBe(2);
+    expect(count(prefix, "<|im_end|>")).toBe(1);
+    expect(prefix.indexOf("S", prefix.indexOf("<|im_start|>user\n"))).toBeGreaterThan(0);
+  });
+
+  it("completion: plain text without chat tokens", () => {
+    const prefix = buildPrefix(COMPLETION, "S");
+    expect(prefix).not.toContain("<|im_start|>");
+    expect(prefix).not.toContain("<|im_end|>");
+    expect(prefix).toContain("State:\nS");
+  });
+
+  it("does not depend on the questions (so questions are independent of each other)", () => {
+    const a = buildPrompt(CHATML, "S", { q: { type: "noul", instructions: "x" } });
+    const b = buildPrompt(CHATML, "S", {
+      r: { type: "score", criteria: ["lo", "hi"] },
+      s: { type: "choice", criteria: { a: null, b: null } },
+    });
+    expect(a.prefix).toBe(b.prefix);
+    expect(a.prefix).toBe(buildPrefix(CHATML, "S"));
+  });
+});
+
+describe("noul questions", () => {
+  const q: Question = {
+    type: "noul",
+    instructions: "  The meeting was moved to Friday.  ",
+    criteria: { true: "the text says so explicitly", false: "the text does not say so" },
+  };
+
+  it.each(STYLES)("%s: suffix holds the statement and both criteria", (name, style) => {
+    const p = buildQuestion(style, "q1", q);
+    expect(p.id).toBe("q1");
+    expect(p.type).toBe("noul");
+    expect(p.suffix).toContain("The meeting was moved to Friday.");
+    expect(p.suffix).toContain("the text says so explicitly");
+    expect(p.suffix).toContain("the text does not say so");
+    expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
+  });
+
+  it("chatml labels are the bare words; completion labels carry a leading space", () => {
+    expect(buildQuestion(CHATML, "q", q).labels).toEqual(["yes", "no"]);
+    expect(buildQuestion(COMPLETION, "q", q).labels).toEqual([" yes", " no"]);
+  });
+
+  it("keys are true/false with yes first (the answer reads label 0 as true)", () => {
+    expect(buildQuestion(CHATML, "q", q).keys).toEqual(["true", "false"]);
+    expect(buildQuestion(COMPLETION, "q", q).keys).toEqual(["true", "false"]);
+  });
+
+  it("the suffix names the allowed labels", () => {
+    const s = buildQuestion(CHATML, "q", q).suffix;
+    expect(s).toMatch(/yes/);
+    expect(s).toMatch(/no/);
+  });
+
+  it("only the criteria given are written", () => {
+    const onlyTrue = buildQuestion(CHATML, "q", { type: "noul", instructions: "X", criteria: { true: "TRUE-MEANING" } });
+    expect(onlyTrue.suffix).toContain("TRUE-MEANING");
+    expect(onlyTrue.suffix).not.toContain('"no" means');
+    const none = buildQuestion(CHATML, "q", { type: "noul", instructions: "X" });
+    expect(none.suffix).not.toContain("means:");
+  });
+
+  it("a missing or blank statement gets a default statement", () => {
+    for (const instructions of [undefined, "", "   "]) {
+      const q2: Question = instructions === undefined ? { type: "noul" } : { type: "noul", instructions };
+      const p = buildQuestion(CHATML, "q", q2);
+      expect(p.suffix).toMatch(/Statement: \S/);
+    }
+  });
+});
+
+describe("choice questions", () => {
+  const q: Question = {
+    type: "choice",
+    instructions: "What color is the car?",
+    criteria: { red: "The car is red", blue: null, green: "The car is green" },
+  };
+
+  it.each(STYLES)("%s: suffix holds the question and every option", (name, style) => {
+    const p = buildQuestion(style, "c", q);
+    expect(p.type).toBe("choice");
+    expect(p.suffix).toContain("What color is the car?");
+    expect(p.suffix).toContain("- red: The car is red");
+    expect(p.suffix).toContain("- green: The car is green");
+    expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
+  });
+
+  it("a null description reads the key", () => {
+    const p = buildQuestion(CHATML, "c", q);
+    expect(p.suffix).toMatch(/^- blue$/m);
+    expect(p.suffix).not.toContain("blue: null");
+    expect(p.suffix).not.toContain("null");
+  });
+
+  it("options are listed in key order", () => {
+    const s = buildQuestion(CHATML, "c", q).suffix;
+    expect(s.indexOf("- red")).toBeLessThan(s.indexOf("- blue"));
+    expect(s.indexOf("- blue")).toBeLessThan(s.indexOf("- green"));
+  });
+
+  it("keys are the option keys in order; labels are the keys (with a space in completion style)", () => {
+    const chat = buildQuestion(CHATML, "c", q);
+    expect(chat.keys).toEqual(["red", "blue", "green"]);
+    expect(chat.labels).toEqual(["red", "blue", "green"]);
+    const comp = buildQuestion(COMPLETION, "c", q);
+    expect(comp.keys).toEqual(["red", "blue", "green"]);
+    expect(comp.labels).toEqual([" red", " blue", " green"]);
+  });
+
+  it("multi-token and nested keys are kept whole as labels", () => {
+    const p = buildQuestion(CHATML, "c", { type: "choice", criteria: { "1": null, "12": null, card_payment_fee_charged: "fee" } });
+    expect(p.keys).toEqual(["1", "12", "card_payment_fee_charged"]);
+    expect(p.labels).toEqual(["1", "12", "card_payment_fee_charged"]);
+  });
+
+  it("tells the model to answer with the key", () => {
+    expect(buildQuestion(CHATML, "c", q).suffix).toMatch(/option key/);
+  });
+});
+
+describe("score questions", () => {
+  const levels = ["very negative", "negative", "neutral", "positive", "very positive"];
+  const q: Question = { type: "score", instructions: "How positive is the review?", criteria: levels };
+
+  it.each(STYLES)("%s: levels numbered from 0, lowest to highest", (name, style) => {
+    const p = buildQuestion(style, "s", q);
+    expect(p.type).toBe("score");
+    expect(p.suffix).toContain("How positive is the review?");
+    expect(p.suffix).toMatch(/lowest to highest/);
+    levels.forEach((text, i) => expect(p.suffix).toMatch(new RegExp(`^${i}: ${text}$`, "m")));
+    const idx = levels.map((_, i) => p.suffix.indexOf(`\n${i}: `));
+    for (let i = 1; i < idx.length; i++) expect(idx[i]!).toBeGreaterThan(idx[i - 1]!);
+    expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
+  });
+
+  it("keys are level numbers as strings; labels are the numbers", () => {
+    const chat = buildQuestion(CHATML, "s", q);
+    expect(chat.keys).toEqual(["0", "1", "2", "3", "4"]);
+    expect(chat.labels).toEqual(["0", "1", "2", "3", "4"]);
+    expect(buildQuestion(COMPLETION, "s", q).labels).toEqual([" 0", " 1", " 2", " 3", " 4"]);
+  });
+
+  it("more than ten levels get two-digit numbers", () => {
+    const many = Array.from({ length: 12 }, (_, i) => `L${i}`);
+    const p = buildQuestion(CHATML, "s", { type: "score", criteria: many });
+    expect(p.keys.at(-1)).toBe("11");
+    expect(p.suffix).toMatch(/^11: L11$/m);
+  });
+});
+
+describe("buildPrompt", () => {
+  it.each(STYLES)("%s: one suffix per question, in order, with the caller's ids", (name, style) => {
+    const questions: Record<string, Question> = {
+      zeta: { type: "noul", instructions: "A" },
+      alpha: { type: "choice", criteria: { x: null, y: null } },
+      mid: { type: "score", criteria: ["lo", "hi"] },
+    };
+    const p = buildPrompt(style, { k: 1 }, questions);
+    expect(p.questions.map((q) => q.id)).toEqual(["zeta", "alpha", "mid"]);
+    expect(p.questions.map((q) => q.type)).toEqual(["noul", "choice", "score"]);
+    for (const q of p.questions) expect(q.suffix.endsWith(ANSWER_START[name])).toBe(true);
+  });
+
+  it("chatml: prefix + suffix is one well-formed conversation ending at the assistant turn", () => {
+    const p = buildPrompt(CHATML, "The car is red.", { c: { type: "choice", criteria: { red: null, blue: null } } });
+    const text = p.prefix + p.questions[0]!.suffix;
+    expect(count(text, "<|im_start|>")).toBe(3);
+    expect(count(text, "<|im_end|>")).toBe(2);
+    expect(text).toMatch(/^<\|im_start\|>system\n[^]*<\|im_end\|>\n<\|im_start\|>user\n[^]*<\|im_end\|>\n<\|im_start\|>assistant\n$/);
+    // The state comes before the question inside the user turn.
+    expect(text.indexOf("The car is red.")).toBeLessThan(text.indexOf("- red"));
+  });
+
+  it("completion: prefix + suffix ends at 'Answer:' (labels start with a space)", () => {
+    const p = buildPrompt(COMPLETION, "S", { n: { type: "noul", instructions: "X" } });
+    const text = p.prefix + p.questions[0]!.suffix;
+    expect(text.endsWith("Answer:")).toBe(true);
+    expect(text + p.questions[0]!.labels[0]).toMatch(/Answer: yes$/);
+  });
+
+  it("a question's suffix does not depend on its neighbours", () => {
+    const q: Question = { type: "noul", instructions: "X" };
+    const alone = buildPrompt(CHATML, "S", { q }).questions[0]!;
+    const together = buildPrompt(CHATML, "S", { a: { type: "score", criteria: ["a", "b"] }, q }).questions[1]!;
+    expect(together).toEqual(alone);
+  });
+});
