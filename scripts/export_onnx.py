@@ -402,7 +402,7 @@ def main() -> int:
     manifest = {
         "format": "assay-packed-v2",
         "architecture": arch,
-        "name": cfg.get("_name_or_path") or args.gguf.stem,
+        "name": str(meta.get("general.name") or args.gguf.stem),
         "vocab_size": vocab,
         "context_length": int(cfg.get("max_position_embeddings", 4096)),
         "hidden_size": int(cfg["hidden_size"]),

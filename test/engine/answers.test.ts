@@ -126,12 +126,23 @@ function checkResponse(res: SystemOneResponse, questions: Record<string, Questio
 }
 
 describe("clear-cut questions are answered the right way round", () => {
-  it("noul: a stated fact is likely true; its negation and a contradiction are less likely", () => {
+  it("noul: the negation and a contradiction of a stated fact are less likely than the fact", () => {
     const moved = noul(meeting.answers.moved).noul;
-    expect(moved).toBeGreaterThan(0.5);
     expect(noul(meeting.answers.notMoved).noul).toBeLessThan(moved);
     expect(noul(meeting.answers.monday).noul).toBeLessThan(moved);
     expect(noul(meeting.answers.notMoved).noul).toBeLessThan(0.5);
+    expect(noul(meeting.answers.monday).noul).toBeLessThan(0.5);
+  });
+
+  // KNOWN FAILURE (src/prompt/index.ts, noul labels): the noul answer is read
+  // only over the lowercase labels "yes"/"no", but after the ChatML assistant
+  // turn the Qwen2.5 instruct model puts ~75% of its next-token mass on the
+  // capitalised "Yes"/"No" and only ~20% on "yes"/"no". On the W8A8 build
+  // (3ae3e1870eedb3df) this fact, stated verbatim in the state, gets
+  // P(yes | yes,no) = 0.490, while P(Yes | Yes,No) = 0.626. Left failing on
+  // purpose: the fix belongs in src (read both casings, or ask for "Yes"/"No").
+  it("noul: a fact stated verbatim in the state is more likely true than not (> 0.5)", () => {
+    expect(noul(meeting.answers.moved).noul).toBeGreaterThan(0.5);
   });
 
   it("choice: a plainly stated color wins", () => {

@@ -36,6 +36,23 @@ function checkLayout(p: PackedRequest): void {
     // ... and the chain's positions are 0, 1, ..., pos[i].
     expect(vis.map((j) => pos[j])).toEqual(vis.map((_, k) => k));
   }
+  // Branch layout: every token after the prefix sits in exactly one slot of its block's branch.
+  const P = p.prefixLength;
+  const slots = nums(p.branchSlots);
+  const slotOf = nums(p.slotOf);
+  expect(slots.length).toBe(p.branches * p.branchWidth);
+  expect(slotOf.length).toBe(T - P);
+  slotOf.forEach((slot, k) => expect(slots[slot]).toBe(P + k));
+  for (let b = 0; b < p.branches; b++) {
+    const row = slots.slice(b * p.branchWidth, (b + 1) * p.branchWidth);
+    row.forEach((tok, l) => {
+      expect(tok).toBeGreaterThanOrEqual(P);
+      // A slot is real when slotOf points back at it; a pad slot repeats the branch's first token.
+      if (slotOf[tok - P] !== b * p.branchWidth + l) expect(tok).toBe(row[0]);
+      // Every token of a branch lies in the subtree of the branch's first token.
+      expect(tok).toBeLessThanOrEqual(end[row[0]!]!);
+    });
+  }
   expect(p.gatherIdx.length).toBe(p.rows);
   expect(p.targetIds.length).toBe(p.rows * p.width);
   for (const g of nums(p.gatherIdx)) expect(g).toBeLessThan(T);
@@ -82,6 +99,19 @@ describe("layout", () => {
     const p = pack([1], [q([2], [[10], [11]]), q([3], [[12], [13], [14], [15], [16]])]);
     expect(p.width).toBe(5);
     expect(p.rows).toBe(2);
+  });
+});
+
+describe("branch layout (split attention)", () => {
+  it("one branch per question; slots list the block's tokens, padded with its first token", () => {
+    const p = pack([100, 101, 102], [q([200, 201, 202], [[1], [2]]), q([300], [[5, 6], [5, 7]])]);
+    // blocks: [200, 201, 202] at 3..5; [300, 5] at 6..7
+    expect(nums(p.inputIds)).toEqual([100, 101, 102, 200, 201, 202, 300, 5]);
+    expect(p.branches).toBe(2);
+    expect(p.branchWidth).toBe(3);
+    expect(nums(p.branchSlots)).toEqual([3, 4, 5, 6, 7, 6]);
+    expect(nums(p.slotOf)).toEqual([0, 1, 2, 3, 4]);
+    checkLayout(p);
   });
 });
 
