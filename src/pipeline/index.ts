@@ -39,9 +39,30 @@ export function loadBuild(dir: string): LoadedBuild {
   return { build, tokenizer, style, terminator, labelCache: new Map() };
 }
 
+export interface PreparedQuestion {
+  id: string;
+  type: Question["type"];
+  keys: string[];
+  levels?: string[];
+  /** Option index of each label read (several surface forms may share one). */
+  option: number[];
+}
+
 export interface PreparedRequest {
   packed: PackedRequest;
-  questions: { id: string; type: Question["type"]; keys: string[]; levels?: string[] }[];
+  questions: PreparedQuestion[];
+}
+
+/** Per option, the log of the summed probability of its labels. */
+export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[]): number[] {
+  const out = new Array<number>(q.keys.length).fill(-Infinity);
+  labelLp.forEach((lp, i) => {
+    const o = q.option[i]!;
+    const a = out[o]!;
+    const m = Math.max(a, lp);
+    out[o] = m === -Infinity ? -Infinity : m + Math.log(Math.exp(a - m) + Math.exp(lp - m));
+  });
+  return out;
 }
 
 /** Prompt → tokens → packed sequence. Pure given the build; used by the bench too. */
@@ -72,8 +93,8 @@ export function prepare(lb: LoadedBuild, state: State, questions: Record<string,
     questions: prompt.questions.map((q) => {
       const src = questions[q.id]!;
       return src.type === "score"
-        ? { id: q.id, type: q.type, keys: q.keys, levels: src.criteria }
-        : { id: q.id, type: q.type, keys: q.keys };
+        ? { id: q.id, type: q.type, keys: q.keys, levels: src.criteria, option: q.option }
+        : { id: q.id, type: q.type, keys: q.keys, option: q.option };
     }),
   };
 }
@@ -176,7 +197,7 @@ export class EnginePipeline implements Pipeline {
     const lps = readLabels(prepared.packed, out.logprobs);
     const answers: Record<string, Answer> = {};
     prepared.questions.forEach((q, i) => {
-      const lp = lps[i]!;
+      const lp = optionLogprobs(q, lps[i]!);
       if (lp.some((x) => !Number.isFinite(x))) {
         throw new AssayError("MODEL_FAILED", `the model returned non-finite log-probabilities for question "${q.id}"`);
       }

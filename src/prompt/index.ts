@@ -24,9 +24,11 @@ export interface QuestionPrompt {
   id: string;
   type: Question["type"];
   suffix: string;
-  /** Labels the answer is read over, in option order. */
+  /** Surface forms the answer is read over. */
   labels: string[];
-  /** The option keys (choice) or level numbers (score) the labels stand for. */
+  /** Option index of each label: an option's probability is the sum over its forms. */
+  option: number[];
+  /** The option keys (choice), level numbers (score) or true/false (noul), in option order. */
   keys: string[];
 }
 
@@ -72,11 +74,15 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
       if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
       if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
       lines.push("Is the statement true of the state? Answer yes or no.");
+      // Instruct models put most of their mass on "Yes"/"No" whatever the
+      // prompt's casing (measured: 75% vs 20% on the lowercase forms), so
+      // both casings count for each side.
       return {
         id,
         type: "noul",
         suffix: closeTurn(style, lines.join("\n")),
-        labels: [label(style, "yes"), label(style, "no")],
+        labels: ["yes", "Yes", "no", "No"].map((l) => label(style, l)),
+        option: [0, 0, 1, 1],
         keys: ["true", "false"],
       };
     }
@@ -88,7 +94,14 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
         lines.push(d === null || d === undefined || d === k ? `- ${k}` : `- ${k}: ${d}`);
       }
       lines.push("Answer with the option key only.");
-      return { id, type: "choice", suffix: closeTurn(style, lines.join("\n")), labels: keys.map((k) => label(style, k)), keys };
+      return {
+        id,
+        type: "choice",
+        suffix: closeTurn(style, lines.join("\n")),
+        labels: keys.map((k) => label(style, k)),
+        option: keys.map((_, i) => i),
+        keys,
+      };
     }
     case "score": {
       const lines = [
@@ -98,7 +111,14 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
       q.criteria.forEach((text, i) => lines.push(`${i}: ${text}`));
       lines.push("Answer with the level number only.");
       const keys = q.criteria.map((_, i) => String(i));
-      return { id, type: "score", suffix: closeTurn(style, lines.join("\n")), labels: keys.map((k) => label(style, k)), keys };
+      return {
+        id,
+        type: "score",
+        suffix: closeTurn(style, lines.join("\n")),
+        labels: keys.map((k) => label(style, k)),
+        option: keys.map((_, i) => i),
+        keys,
+      };
     }
   }
 }

@@ -134,13 +134,8 @@ describe("clear-cut questions are answered the right way round", () => {
     expect(noul(meeting.answers.monday).noul).toBeLessThan(0.5);
   });
 
-  // KNOWN FAILURE (src/prompt/index.ts, noul labels): the noul answer is read
-  // only over the lowercase labels "yes"/"no", but after the ChatML assistant
-  // turn the Qwen2.5 instruct model puts ~75% of its next-token mass on the
-  // capitalised "Yes"/"No" and only ~20% on "yes"/"no". On the W8A8 build
-  // (3ae3e1870eedb3df) this fact, stated verbatim in the state, gets
-  // P(yes | yes,no) = 0.490, while P(Yes | Yes,No) = 0.626. Left failing on
-  // purpose: the fix belongs in src (read both casings, or ask for "Yes"/"No").
+  // Regression: the noul answer once read only lowercase "yes"/"no", while the
+  // instruct model puts most of its mass on "Yes"/"No"; this fact then scored 0.49.
   it("noul: a fact stated verbatim in the state is more likely true than not (> 0.5)", () => {
     expect(noul(meeting.answers.moved).noul).toBeGreaterThan(0.5);
   });

@@ -115,8 +115,12 @@ describe("noul questions", () => {
   });
 
   it("chatml labels are the bare words; completion labels carry a leading space", () => {
-    expect(buildQuestion(CHATML, "q", q).labels).toEqual(["yes", "no"]);
-    expect(buildQuestion(COMPLETION, "q", q).labels).toEqual([" yes", " no"]);
+    expect(buildQuestion(CHATML, "q", q).labels).toEqual(["yes", "Yes", "no", "No"]);
+    expect(buildQuestion(COMPLETION, "q", q).labels).toEqual([" yes", " Yes", " no", " No"]);
+  });
+
+  it("both casings of yes count for true and both of no for false", () => {
+    expect(buildQuestion(CHATML, "q", q).option).toEqual([0, 0, 1, 1]);
   });
 
   it("keys are true/false with yes first (the answer reads label 0 as true)", () => {
