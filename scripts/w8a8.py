@@ -3,8 +3,8 @@
 Every MatMul whose right-hand side is a constant 2-D weight becomes
 
     s   = max(|x|, row) / 127                      per token row
-    xq  = uint8(clip(round(x / s) + 128, 1, 255))  zero point 128, symmetric
-    y   = float(MatMulInteger(xq, Wq, 128)) * s * sw
+    xq  = QuantizeLinear(x, s, 128)                uint8, zero point 128, symmetric
+    y   = DequantizeLinear(MatMulInteger(xq, Wq, 128), s) * sw
 
 with Wq int8 and sw a per-output-channel scale. Each token row is quantized
 with its own scale, so a question's result never depends on the other
@@ -34,24 +34,23 @@ def rewrite(model: onnx.ModelProto, skip: set[str] | None = None) -> tuple[onnx.
     new_inits.append(numpy_helper.from_array(np.array(128, dtype=np.uint8), "w8a8_zp"))
     new_inits.append(numpy_helper.from_array(np.array(1e-8, dtype=np.float32), "w8a8_eps"))
     new_inits.append(numpy_helper.from_array(np.array(127.0, dtype=np.float32), "w8a8_127"))
-    new_inits.append(numpy_helper.from_array(np.array(128.0, dtype=np.float32), "w8a8_128"))
-    new_inits.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "w8a8_lo"))
-    new_inits.append(numpy_helper.from_array(np.array(255.0, dtype=np.float32), "w8a8_hi"))
 
     def quantize_input(x: str) -> tuple[str, str]:
         if x in quantized_inputs:
             return quantized_inputs[x]
         p = f"w8a8/{len(quantized_inputs)}"
+        # QuantizeLinear per axis 0 does divide, round-half-even, +zero point
+        # and saturate in one pass; |x/s| <= 127 so the result is in [1, 255].
         new_nodes.extend([
-            helper.make_node("Abs", [x], [p + "/abs"]),
-            helper.make_node("ReduceMax", [p + "/abs"], [p + "/amax"], axes=[-1], keepdims=1),
-            helper.make_node("Max", [p + "/amax", "w8a8_eps"], [p + "/amax_eps"]),
-            helper.make_node("Div", [p + "/amax_eps", "w8a8_127"], [p + "/scale"]),
-            helper.make_node("Div", [x, p + "/scale"], [p + "/xs"]),
-            helper.make_node("Round", [p + "/xs"], [p + "/xr"]),
-            helper.make_node("Add", [p + "/xr", "w8a8_128"], [p + "/xz"]),
-            helper.make_node("Clip", [p + "/xz", "w8a8_lo", "w8a8_hi"], [p + "/xc"]),
-            helper.make_node("Cast", [p + "/xc"], [p + "/xq"], to=TensorProto.UINT8),
+            helper.make_node("ReduceMax", [x], [p + "/max"], axes=[-1], keepdims=0),
+            helper.make_node("ReduceMin", [x], [p + "/min"], axes=[-1], keepdims=0),
+            helper.make_node("Neg", [p + "/min"], [p + "/negmin"]),
+            helper.make_node("Max", [p + "/max", p + "/negmin", "w8a8_eps"], [p + "/amax"]),
+            helper.make_node("Div", [p + "/amax", "w8a8_127"], [p + "/scale"]),
+            helper.make_node("Shape", [p + "/scale"], [p + "/shape"]),
+            helper.make_node("ConstantOfShape", [p + "/shape"], [p + "/zp"],
+                             value=numpy_helper.from_array(np.array([128], dtype=np.uint8))),
+            helper.make_node("QuantizeLinear", [x, p + "/scale", p + "/zp"], [p + "/xq"], axis=0),
         ])
         quantized_inputs[x] = (p + "/xq", p + "/scale")
         return quantized_inputs[x]
@@ -70,10 +69,10 @@ def rewrite(model: onnx.ModelProto, skip: set[str] | None = None) -> tuple[onnx.
         consumed.add(w.name)
         xq, xs = quantize_input(node.input[0])
         p = f"w8a8mm/{count}"
+        # DequantizeLinear per axis 0: int32 -> float times the row scale in one pass.
         new_nodes.extend([
             helper.make_node("MatMulInteger", [xq, wname, "w8a8_zp"], [p + "/y32"]),
-            helper.make_node("Cast", [p + "/y32"], [p + "/yf"], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [p + "/yf", xs], [p + "/ya"]),
+            helper.make_node("DequantizeLinear", [p + "/y32", xs], [p + "/ya"], axis=0),
             helper.make_node("Mul", [p + "/ya", w.name + "/scale"], [node.output[0]]),
         ])
         count += 1

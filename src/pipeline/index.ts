@@ -179,6 +179,7 @@ export class EnginePipeline implements Pipeline {
           `(state + questions + answer labels), limit ${limit}; send a shorter state or fewer questions`,
       );
     }
+    await ctx.admit?.(prepared.packed.promptTokens);
     const answers = await this.score(lb, prepared, ctx);
     return {
       model: env.model,

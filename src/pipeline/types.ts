@@ -7,6 +7,12 @@ export interface PipelineContext {
   orgId: string;
   timings: Timings;
   signal?: AbortSignal;
+  /**
+   * Called once the request's input tokens are known (after tokenizing) and
+   * before any model work: the accounts layer places its credit hold here.
+   * Throwing (e.g. a 402 AssayError) ends the request with that error.
+   */
+  admit?: (inputTokens: number) => Promise<void> | void;
 }
 
 export interface ModelListing {
