@@ -36,6 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fetch_weights import sha256 as sha256_file  # noqa: E402
+
 
 def log(msg: str) -> None:
     print(f"[export] {msg}", flush=True)
@@ -195,14 +198,6 @@ def branch_layout(S: int, blocks: list[tuple[int, int]]):
     return slots, slot_of
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def example_inputs(T: int, prefix: int, n_branch: int, vocab: int):
     """A state of `prefix` tokens and `n_branch` equal branches after it."""
     g = torch.Generator().manual_seed(0)
@@ -299,7 +294,6 @@ def main() -> int:
     model = PackedDecoder(cfg, sd).eval()
     vocab = int(cfg["vocab_size"])
 
-    sys.path.insert(0, str(Path(__file__).parent))
     # The packed graph must agree with the reference implementation: a branch
     # scored inside a packed sequence must equal the same tokens run alone.
     with torch.no_grad():

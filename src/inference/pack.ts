@@ -23,7 +23,8 @@ export interface EncodedQuestion {
   terminator: number;
 }
 
-export interface PackedRequest {
+/** What the worker feeds to the graph: exactly the graph's inputs. */
+export interface PackedTensors {
   inputIds: BigInt64Array;
   positionIds: BigInt64Array;
   subtreeEnd: BigInt64Array;
@@ -32,11 +33,6 @@ export interface PackedRequest {
   targetIds: BigInt64Array;
   rows: number;
   width: number;
-  /** Per question, per label: flat indices into the [rows, width] output. */
-  readout: number[][][];
-  /** Tokens of prefix + suffixes: what `usage.input_tokens` counts. */
-  promptTokens: number;
-  prefixLength: number;
   /**
    * Branch layout for the split-attention graph: [branches, branchWidth]
    * token indices of each question block (padded by repeating the block's
@@ -47,6 +43,14 @@ export interface PackedRequest {
   slotOf: BigInt64Array;
   branches: number;
   branchWidth: number;
+}
+
+export interface PackedRequest extends PackedTensors {
+  /** Per question, per label: flat indices into the [rows, width] output. */
+  readout: number[][][];
+  /** Tokens of prefix + suffixes: what `usage.input_tokens` counts. */
+  promptTokens: number;
+  prefixLength: number;
 }
 
 interface TrieNode {

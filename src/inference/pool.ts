@@ -3,7 +3,7 @@ import fs from "node:fs";
 import { Piscina } from "piscina";
 import { ROOT, type Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
-import type { PackedRequest } from "./pack.js";
+import type { PackedTensors } from "./pack.js";
 import type { InferOk, LaneOptions, LoadOk, Task, TaskResult } from "./protocol.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
@@ -88,7 +88,7 @@ export class InferencePool {
     }
   }
 
-  async infer(model: string, p: PackedRequest, signal?: AbortSignal): Promise<InferOk> {
+  async infer(model: string, p: PackedTensors, signal?: AbortSignal): Promise<InferOk> {
     const task: Task = {
       kind: "infer",
       model,

@@ -1,4 +1,5 @@
 import type { ErrorCode } from "../errors/catalogue.js";
+import type { PackedTensors } from "./pack.js";
 
 /** Thread protocol: typed plain data only (structured clone drops classes). */
 
@@ -10,20 +11,9 @@ export interface LaneOptions {
   cudaFallbackCpu: boolean;
 }
 
-export interface InferTask {
+export interface InferTask extends PackedTensors {
   kind: "infer";
   model: string;
-  inputIds: BigInt64Array;
-  positionIds: BigInt64Array;
-  subtreeEnd: BigInt64Array;
-  gatherIdx: BigInt64Array;
-  targetIds: BigInt64Array;
-  rows: number;
-  width: number;
-  branchSlots: BigInt64Array;
-  slotOf: BigInt64Array;
-  branches: number;
-  branchWidth: number;
 }
 
 export interface LoadTask {

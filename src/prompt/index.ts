@@ -66,6 +66,18 @@ function label(style: PromptStyle, text: string): string {
   return style.kind === "completion" ? ` ${text}` : text;
 }
 
+/** A question whose labels are its option keys, one form each. */
+function optionQuestion(style: PromptStyle, id: string, type: "choice" | "score", lines: string[], keys: string[]): QuestionPrompt {
+  return {
+    id,
+    type,
+    suffix: closeTurn(style, lines.join("\n")),
+    labels: keys.map((k) => label(style, k)),
+    option: keys.map((_, i) => i),
+    keys,
+  };
+}
+
 export function buildQuestion(style: PromptStyle, id: string, q: Question): QuestionPrompt {
   const ask = q.instructions?.trim();
   switch (q.type) {
@@ -94,14 +106,7 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
         lines.push(d === null || d === undefined || d === k ? `- ${k}` : `- ${k}: ${d}`);
       }
       lines.push("Answer with the option key only.");
-      return {
-        id,
-        type: "choice",
-        suffix: closeTurn(style, lines.join("\n")),
-        labels: keys.map((k) => label(style, k)),
-        option: keys.map((_, i) => i),
-        keys,
-      };
+      return optionQuestion(style, id, "choice", lines, keys);
     }
     case "score": {
       const lines = [
@@ -110,15 +115,7 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
       ];
       q.criteria.forEach((text, i) => lines.push(`${i}: ${text}`));
       lines.push("Answer with the level number only.");
-      const keys = q.criteria.map((_, i) => String(i));
-      return {
-        id,
-        type: "score",
-        suffix: closeTurn(style, lines.join("\n")),
-        labels: keys.map((k) => label(style, k)),
-        option: keys.map((_, i) => i),
-        keys,
-      };
+      return optionQuestion(style, id, "score", lines, q.criteria.map((_, i) => String(i)));
     }
   }
 }
