@@ -1,6 +1,7 @@
 /**
- * Boot: config → accounts → engine (loads and warms the default model) →
- * buildApp → listen. SIGTERM/SIGINT drain: stop accepting, let in-flight
+ * Boot: config → accounts (SQLite, or PostgreSQL with ASSAY_DATABASE_URL) →
+ * engine (loads and warms the default model) → buildApp (admission: limiter
+ * in-process, or Redis with ASSAY_REDIS_URL) → listen. SIGTERM/SIGINT drain: stop accepting, let in-flight
  * requests finish (up to ASSAY_DRAIN_SECONDS), then release the workers.
  */
 import { pino } from "pino";
@@ -12,8 +13,16 @@ import { buildApp } from "./app.js";
 async function main(): Promise<void> {
   const config = loadConfig();
   const logger = pino({ level: config.logLevel, redact: ["req.headers.authorization", "headers.authorization"] });
-  const accounts = openAccounts(config);
-  ensureLocalKey(accounts, config.dataDir, logger);
+  const accounts = await openAccounts(config);
+  logger.info(
+    {
+      store: config.databaseUrl ? "postgresql" : "sqlite",
+      limiter: config.redisUrl ? "redis" : "in-process",
+      startingGrantMicro: config.startingGrantMicro,
+    },
+    "accounts ready",
+  );
+  await ensureLocalKey(accounts, config.dataDir, logger);
 
   logger.info({ provider: config.provider, lanes: config.workers, intraOpThreads: config.intraOpThreads }, "loading models");
   const pipeline = await EnginePipeline.create(config, (msg) => logger.info(msg));
@@ -33,7 +42,7 @@ async function main(): Promise<void> {
     deadline.unref();
     await app.close();
     await pipeline.close();
-    accounts.close();
+    await accounts.close();
     process.exit(0);
   };
   process.on("SIGTERM", () => void stop("SIGTERM"));

@@ -1,13 +1,81 @@
-export type { AccountsStore, CreatedKey, KeyCheck, KeyInfo, Org } from "./types.js";
-export { SqliteAccountsStore, openSqliteAccounts, DB_FILE, checkOrgName } from "./sqlite.js";
+export type {
+  AccountsStore,
+  Awaitable,
+  Balance,
+  CreatedKey,
+  CreditStore,
+  HoldRequest,
+  HoldResult,
+  KeyCheck,
+  KeyInfo,
+  LedgerAudit,
+  LedgerEntry,
+  LedgerKind,
+  OpenHold,
+  Org,
+  SettleRequest,
+  Store,
+  UsageReport,
+} from "./types.js";
+export { SqliteAccountsStore, openSqliteAccounts, DB_FILE } from "./sqlite.js";
+export { PgAccountsStore, openPgAccounts, type PgStoreOptions } from "./postgres.js";
+export { checkOrgName, DEFAULT_STARTING_GRANT_MICRO, type StoreOptions } from "./shared.js";
 export { ensureLocalKey, LOCAL_ORG, LOCAL_KEY_FILE, type LocalKey, type LocalKeyLog } from "./local-key.js";
 export { KEY_PATTERN, KEY_PREFIX, isWellFormedKey } from "./keys.js";
+export { InProcessLimiter, type ConcurrencyLimiter, type Slot } from "./limiter.js";
+export { RedisLimiter, type RedisLimiterOptions } from "./redis-limiter.js";
+export { Admission, AdmittedRequest, releaseReason, DEFAULT_ADMISSION_SETTINGS, type AdmissionSettings, type AdmissionLog } from "./admission.js";
+export { loadPrices, parsePrices, holdTokens, holdAmount, type PriceTable, type ModelFamily } from "./prices.js";
+export { parseUsd, formatUsd, formatPrice, chargeFor, MICRO_PER_USD } from "./money.js";
 
 import type { Config } from "../config/index.js";
+import type { AdmissionLog, AdmissionSettings } from "./admission.js";
+import { InProcessLimiter, type ConcurrencyLimiter } from "./limiter.js";
+import { openPgAccounts } from "./postgres.js";
+import { RedisLimiter } from "./redis-limiter.js";
 import { openSqliteAccounts } from "./sqlite.js";
-import type { AccountsStore } from "./types.js";
+import type { Store } from "./types.js";
 
-/** The store the config asks for. Only the embedded SQLite store exists today. */
-export function openAccounts(config: Pick<Config, "dataDir">): AccountsStore {
-  return openSqliteAccounts(config.dataDir);
+type StoreConfig = Pick<Config, "dataDir" | "databaseUrl" | "databaseSchema" | "startingGrantMicro">;
+
+/** The store the config asks for: PostgreSQL when ASSAY_DATABASE_URL is set, else SQLite in the data dir. */
+export async function openAccounts(config: StoreConfig): Promise<Store> {
+  if (config.databaseUrl) {
+    return openPgAccounts({
+      connectionString: config.databaseUrl,
+      ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
+      startingGrantMicro: config.startingGrantMicro,
+    });
+  }
+  return openSqliteAccounts(config.dataDir, { startingGrantMicro: config.startingGrantMicro });
+}
+
+/** The limiter the config asks for: Redis when ASSAY_REDIS_URL is set, else in-process. */
+export function openLimiter(
+  config: Pick<Config, "redisUrl" | "redisPrefix" | "slotLeaseMs">,
+  log?: Pick<AdmissionLog, "warn">,
+): ConcurrencyLimiter {
+  if (!config.redisUrl) return new InProcessLimiter();
+  return new RedisLimiter({
+    url: config.redisUrl,
+    prefix: config.redisPrefix,
+    leaseMs: config.slotLeaseMs,
+    ...(log ? { onWarning: (obj: object, msg: string) => log.warn(obj, msg) } : {}),
+  });
+}
+
+/** Admission settings from the config. */
+export function admissionSettings(
+  config: Pick<
+    Config,
+    "concurrencyBeforePurchase" | "concurrencyAfterPurchase" | "holdTtlMs" | "holdSweepMs" | "retryAfterSeconds"
+  >,
+): AdmissionSettings {
+  return {
+    concurrencyBeforePurchase: config.concurrencyBeforePurchase,
+    concurrencyAfterPurchase: config.concurrencyAfterPurchase,
+    holdTtlMs: config.holdTtlMs,
+    sweepIntervalMs: config.holdSweepMs,
+    retryAfterSeconds: config.retryAfterSeconds,
+  };
 }

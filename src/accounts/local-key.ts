@@ -1,6 +1,7 @@
 /**
  * First start: a fresh store has no key, so nobody could call the service.
- * Create organization `local` with one key, show it once and keep a copy in
+ * Create organization `local` (with the starting grant, like any new
+ * organization) with one key, show it once and keep a copy in
  * `${dataDir}/local-api-key` (mode 0600) for local tools to read.
  */
 import fs from "node:fs";
@@ -23,16 +24,20 @@ export interface LocalKey {
 /**
  * Returns the new key when one was created, null when the store already had
  * keys (revoked ones count: revoking every key must not mint a new one).
+ * The check and the creation are one transaction, so two replicas starting
+ * together on one PostgreSQL database create one key, not two.
  * `print` writes one line to stdout by default.
  */
-export function ensureLocalKey(
+export async function ensureLocalKey(
   accounts: AccountsStore,
   dataDir: string,
   log: LocalKeyLog,
   print: (line: string) => void = (line) => process.stdout.write(`${line}\n`),
-): LocalKey | null {
-  if (!accounts.isEmpty()) return null;
-  const { key, keyId, org } = accounts.createKey(LOCAL_ORG);
+): Promise<LocalKey | null> {
+  if (!(await accounts.isEmpty())) return null;
+  const created = await accounts.createFirstKey(LOCAL_ORG);
+  if (!created) return null;
+  const { key, keyId, org } = created;
   const file = path.join(dataDir, LOCAL_KEY_FILE);
   writeSecretFile(file, `${key}\n`);
   // The key goes to stdout only, never into the structured log.

@@ -38,6 +38,58 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX api_keys_org_id ON api_keys(org_id);
     `,
   },
+  {
+    version: 2,
+    name: "credit ledger, balances and open holds",
+    // The ledger is append-only (triggers refuse UPDATE and DELETE). A hold
+    // is opened once and closed once (settle or release): two partial unique
+    // indexes make a second close fail, so nothing is charged twice.
+    // `balances` is kept in the same transaction as every ledger append;
+    // `open_holds` is the working set of holds not yet closed (the ledger
+    // keeps the history). Money is INTEGER micro-USD; times in ms.
+    sql: `
+      CREATE TABLE balances (
+        org_id      TEXT PRIMARY KEY REFERENCES organizations(id),
+        credit      INTEGER NOT NULL,
+        held        INTEGER NOT NULL CHECK (held >= 0),
+        updated_at  TEXT NOT NULL
+      );
+      CREATE TABLE ledger (
+        seq           INTEGER PRIMARY KEY,
+        org_id        TEXT NOT NULL REFERENCES organizations(id),
+        kind          TEXT NOT NULL CHECK (kind IN ('grant', 'purchase', 'hold', 'settle', 'release')),
+        amount        INTEGER NOT NULL CHECK (amount >= 0),
+        hold_id       TEXT NULL,
+        request_id    TEXT NULL,
+        model         TEXT NULL,
+        input_tokens  INTEGER NULL,
+        price         INTEGER NULL,
+        expires_at    INTEGER NULL,
+        note          TEXT NULL,
+        created_at    TEXT NOT NULL,
+        CHECK ((kind IN ('grant', 'purchase')) = (hold_id IS NULL)),
+        CHECK (kind NOT IN ('grant', 'purchase') OR amount > 0)
+      );
+      CREATE INDEX ledger_org_seq ON ledger(org_id, seq);
+      CREATE UNIQUE INDEX ledger_hold_opened ON ledger(hold_id) WHERE kind = 'hold';
+      CREATE UNIQUE INDEX ledger_hold_closed ON ledger(hold_id) WHERE kind IN ('settle', 'release');
+      CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger
+        BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+      CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger
+        BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+      CREATE TABLE open_holds (
+        hold_id     TEXT PRIMARY KEY,
+        org_id      TEXT NOT NULL REFERENCES organizations(id),
+        amount      INTEGER NOT NULL CHECK (amount >= 0),
+        expires_at  INTEGER NOT NULL,
+        request_id  TEXT NULL,
+        model       TEXT NULL,
+        created_at  TEXT NOT NULL
+      );
+      CREATE INDEX open_holds_org_expiry ON open_holds(org_id, expires_at);
+      CREATE INDEX open_holds_expiry ON open_holds(expires_at);
+    `,
+  },
 ];
 
 /** Apply pending migrations; returns the versions applied now (empty when up to date). */

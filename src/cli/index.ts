@@ -7,6 +7,7 @@ import { Command, CommanderError } from "commander";
 import { registerKeyCommands, type CliIO } from "./keys.js";
 import { registerEvalCommand } from "./eval.js";
 import { registerBatchCommand } from "./batch.js";
+import { registerCreditCommands } from "./credit.js";
 
 export type { CliIO } from "./keys.js";
 
@@ -22,6 +23,7 @@ export function buildCli(io: CliIO = defaultIO()): Command {
     .exitOverride()
     .configureOutput({ writeOut: io.stdout, writeErr: io.stderr });
   registerKeyCommands(program, io);
+  registerCreditCommands(program, io);
   registerEvalCommand(program, io);
   registerBatchCommand(program, io);
   return program;

@@ -1,5 +1,6 @@
 /**
- * `assay key …`: API key administration on the configured data dir.
+ * `assay key …`: API key administration on the configured store (the data
+ * dir's SQLite file, or PostgreSQL when ASSAY_DATABASE_URL is set).
  *
  *   assay key create --org NAME   new key (org created if needed); the key alone on stdout
  *   assay key list --org NAME     id, prefix, created, revoked — never the key
@@ -10,7 +11,7 @@
  */
 import type { Command } from "commander";
 import { openAccounts } from "../accounts/index.js";
-import type { AccountsStore, CreatedKey } from "../accounts/types.js";
+import type { CreatedKey, Store } from "../accounts/types.js";
 import { loadConfig } from "../config/index.js";
 
 export interface CliIO {
@@ -19,18 +20,19 @@ export interface CliIO {
   env: NodeJS.ProcessEnv;
 }
 
-function withStore<T>(io: CliIO, fn: (store: AccountsStore) => T): T {
-  const store = openAccounts(loadConfig(io.env));
+/** Open the configured store (SQLite, or PostgreSQL with ASSAY_DATABASE_URL), run `fn`, close it. */
+export async function withStore<T>(io: CliIO, fn: (store: Store) => T | Promise<T>): Promise<T> {
+  const store = await openAccounts(loadConfig(io.env));
   try {
-    return fn(store);
+    return await fn(store);
   } finally {
-    store.close();
+    await store.close();
   }
 }
 
 /** Create a key for `orgName` in the configured store and print it (last stdout line). */
-export function keyCreate(orgName: string, io: CliIO): CreatedKey {
-  const created = withStore(io, (s) => s.createKey(orgName));
+export async function keyCreate(orgName: string, io: CliIO): Promise<CreatedKey> {
+  const created = await withStore(io, (s) => s.createKey(orgName));
   io.stderr(`created API key ${created.keyId} for organization "${created.org.name}" (${created.org.id}); it is shown once:\n`);
   io.stdout(`${created.key}\n`);
   return created;
@@ -43,16 +45,16 @@ export function registerKeyCommands(program: Command, io: CliIO): void {
     .command("create")
     .description("create an API key for an organization (created if needed); prints the key on the last line")
     .requiredOption("--org <name>", "organization name")
-    .action((opts: { org: string }) => {
-      keyCreate(opts.org, io);
+    .action(async (opts: { org: string }) => {
+      await keyCreate(opts.org, io);
     });
 
   key
     .command("list")
     .description("list an organization's keys (ids and prefixes, never the keys)")
     .requiredOption("--org <name>", "organization name")
-    .action((opts: { org: string }) => {
-      const keys = withStore(io, (s) => s.listKeys(opts.org));
+    .action(async (opts: { org: string }) => {
+      const keys = await withStore(io, (s) => s.listKeys(opts.org));
       if (keys.length === 0) io.stderr(`no keys for organization "${opts.org}"\n`);
       for (const k of keys) {
         io.stdout(`${k.id}\t${k.prefix}…\tcreated ${k.createdAt}\t${k.revokedAt ? `revoked ${k.revokedAt}` : "active"}\n`);
@@ -63,8 +65,8 @@ export function registerKeyCommands(program: Command, io: CliIO): void {
     .command("revoke")
     .description("revoke a key by id (see `key list`)")
     .argument("<key-id>", "key id, e.g. key_…")
-    .action((keyId: string) => {
-      const done = withStore(io, (s) => s.revokeKey(keyId));
+    .action(async (keyId: string) => {
+      const done = await withStore(io, (s) => s.revokeKey(keyId));
       if (!done) throw new Error(`no active key with id ${keyId}`);
       io.stderr(`revoked ${keyId}\n`);
     });

@@ -47,6 +47,31 @@ const Env = z.object({
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score). */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("off"),
+
+  // Accounts, credit and concurrency (README, "Credit, limits and replicas").
+  /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
+  ASSAY_DATABASE_URL: z.string().min(1).optional(),
+  /** PostgreSQL schema for the store (created if missing); unset = the server's search_path. */
+  ASSAY_DATABASE_SCHEMA: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,62}$/).optional(),
+  /** Redis URL: concurrency slots shared by replicas. Unset = counted in this process. */
+  ASSAY_REDIS_URL: z.string().min(1).optional(),
+  /** Prefix of every Redis key this deployment writes. */
+  ASSAY_REDIS_PREFIX: z.string().min(1).default("assay:"),
+  /** Prices per model (USD per million input tokens). */
+  ASSAY_PRICES: z.string().default(path.join(ROOT, "models", "prices.json")),
+  /** Free credit for every new organization, USD (not a purchase). */
+  ASSAY_STARTING_GRANT_USD: z.string().regex(/^\d{1,9}(\.\d{1,6})?$/, "USD with at most 6 decimals").default("1"),
+  /** Requests in flight per organization before its first purchase, and after. */
+  ASSAY_CONCURRENCY_BEFORE_PURCHASE: z.coerce.number().int().min(1).default(4),
+  ASSAY_CONCURRENCY_AFTER_PURCHASE: z.coerce.number().int().min(1).default(100),
+  /** Seconds a credit hold lives without renewal (renewed while the request runs). */
+  ASSAY_HOLD_TTL_SECONDS: z.coerce.number().min(1).default(120),
+  /** Seconds between sweeps that release expired holds; 0 = only on the next admission or read. */
+  ASSAY_HOLD_SWEEP_SECONDS: z.coerce.number().min(0).default(30),
+  /** Seconds a Redis concurrency slot lives without renewal (renewed every third while the request runs). */
+  ASSAY_SLOT_LEASE_SECONDS: z.coerce.number().min(0.3).default(30),
+  /** `Retry-After` seconds on 429. */
+  ASSAY_RETRY_AFTER_SECONDS: z.coerce.number().int().min(0).default(1),
 });
 
 export type Config = Readonly<{
@@ -64,6 +89,18 @@ export type Config = Readonly<{
   queueMax: number;
   maxPackedTokens: number;
   debias: "off" | "cyclic";
+  databaseUrl: string | null;
+  databaseSchema: string | null;
+  redisUrl: string | null;
+  redisPrefix: string;
+  pricesFile: string;
+  startingGrantMicro: number;
+  concurrencyBeforePurchase: number;
+  concurrencyAfterPurchase: number;
+  holdTtlMs: number;
+  holdSweepMs: number;
+  slotLeaseMs: number;
+  retryAfterSeconds: number;
 }>;
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Config> = {}): Config {
@@ -97,6 +134,24 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,
+    databaseUrl: e.ASSAY_DATABASE_URL ?? null,
+    databaseSchema: e.ASSAY_DATABASE_SCHEMA ?? null,
+    redisUrl: e.ASSAY_REDIS_URL ?? null,
+    redisPrefix: e.ASSAY_REDIS_PREFIX,
+    pricesFile: e.ASSAY_PRICES,
+    startingGrantMicro: usdToMicro(e.ASSAY_STARTING_GRANT_USD),
+    concurrencyBeforePurchase: e.ASSAY_CONCURRENCY_BEFORE_PURCHASE,
+    concurrencyAfterPurchase: e.ASSAY_CONCURRENCY_AFTER_PURCHASE,
+    holdTtlMs: Math.round(e.ASSAY_HOLD_TTL_SECONDS * 1000),
+    holdSweepMs: Math.round(e.ASSAY_HOLD_SWEEP_SECONDS * 1000),
+    slotLeaseMs: Math.round(e.ASSAY_SLOT_LEASE_SECONDS * 1000),
+    retryAfterSeconds: e.ASSAY_RETRY_AFTER_SECONDS,
     ...overrides,
   });
+}
+
+/** "1.5" → 1,500,000 µUSD by string arithmetic (the format is checked by the schema). */
+function usdToMicro(text: string): number {
+  const [whole = "0", frac = ""] = text.split(".");
+  return Number(whole) * 1_000_000 + Number(frac.padEnd(6, "0"));
 }

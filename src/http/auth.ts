@@ -31,7 +31,7 @@ export function makeAuthenticate(accounts: AccountsStore) {
     const t = performance.now();
     try {
       const key = bearerToken(request.headers.authorization);
-      const check = accounts.checkKey(key);
+      const check = await accounts.checkKey(key);
       if (check.state === "revoked") throw unauthorized("API key has been revoked: create a new one");
       if (check.state === "unknown") throw unauthorized("API key is not valid: no such key");
       request.org = check.org;

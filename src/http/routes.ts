@@ -1,8 +1,10 @@
 /**
  * The routes. Handlers stay thin: the body and auth checks live in body.ts
- * and auth.ts, the work in the pipeline, the error mapping in errors.ts.
+ * and auth.ts, admission and billing in src/accounts/admission.ts, the work
+ * in the pipeline, the error mapping in errors.ts.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods } from "fastify";
+import { releaseReason, type Admission } from "../accounts/admission.js";
 import type { AccountsStore } from "../accounts/types.js";
 import { AssayError } from "../errors/catalogue.js";
 import type { Pipeline } from "../pipeline/types.js";
@@ -18,9 +20,10 @@ const READY_RETRY_AFTER_S = 5;
 export interface RouteDeps {
   pipeline: Pipeline;
   accounts: AccountsStore;
+  admission: Admission;
 }
 
-export function registerRoutes(app: FastifyInstance, { pipeline, accounts }: RouteDeps): void {
+export function registerRoutes(app: FastifyInstance, { pipeline, accounts, admission }: RouteDeps): void {
   const authenticate = makeAuthenticate(accounts);
   const decodeJson = makeJsonDecoder(app);
 
@@ -28,26 +31,44 @@ export function registerRoutes(app: FastifyInstance, { pipeline, accounts }: Rou
     const timings = request.timings;
     const org = request.org;
     if (!org) throw new AssayError("INTERNAL", "route reached without authentication");
-    const envelope = await timings.time("validate", () => parseEnvelope(decodeJson(request)));
-
-    // A caller that hangs up should stop its queued or running work.
-    const abort = new AbortController();
-    const onClose = () => {
-      if (!reply.raw.writableFinished) abort.abort(new Error("client closed the connection"));
-    };
-    reply.raw.once("close", onClose);
+    // The organization's concurrency slot (429), before anything else the
+    // request does; given back in `finally` whatever happens.
+    const admitted = await admission.begin(org, request.id);
+    let outcome = "error";
     try {
-      const response = await pipeline.run(envelope, {
-        requestId: request.id,
-        orgId: org.id,
-        timings,
-        signal: abort.signal,
-      });
-      timings.finish();
-      reply.headers(timings.headers());
-      return response;
+      const envelope = await timings.time("validate", () => parseEnvelope(decodeJson(request)));
+      const questionCount = Object.keys(envelope.questions).length;
+
+      // A caller that hangs up should stop its queued or running work.
+      const abort = new AbortController();
+      const onClose = () => {
+        if (!reply.raw.writableFinished) abort.abort(new Error("client closed the connection"));
+      };
+      reply.raw.once("close", onClose);
+      try {
+        const response = await pipeline.run(envelope, {
+          requestId: request.id,
+          orgId: org.id,
+          timings,
+          signal: abort.signal,
+          // After tokenizing, before model work: hold the maximum cost (402).
+          admit: (inputTokens) => admitted.hold(envelope.model, questionCount, inputTokens),
+        });
+        // Charge exactly usage.input_tokens × price; the rest of the hold returns.
+        await admitted.settle(envelope.model, response.usage.input_tokens);
+        outcome = "settled";
+        timings.finish();
+        reply.headers(timings.headers());
+        return response;
+      } finally {
+        reply.raw.off("close", onClose);
+      }
+    } catch (e) {
+      outcome = releaseReason(e);
+      throw e;
     } finally {
-      reply.raw.off("close", onClose);
+      // Any error: the hold is released, no charge. Then the slot.
+      await admitted.end(outcome);
     }
   }
 

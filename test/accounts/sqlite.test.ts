@@ -133,7 +133,7 @@ describe("SqliteAccountsStore", () => {
     const orgCols = db.prepare("PRAGMA table_info(organizations)").all() as { name: string }[];
     db.close();
     expect(versions.map((v) => v.version)).toEqual(MIGRATIONS.map((m) => m.version));
-    expect(tables.map((t) => t.name)).toEqual(["api_keys", "organizations", "schema_migrations"]);
+    expect(tables.map((t) => t.name)).toEqual(["api_keys", "balances", "ledger", "open_holds", "organizations", "schema_migrations"]);
     expect(orgCols.map((c) => c.name)).toEqual(["id", "name", "created_at", "max_concurrency", "has_purchased"]);
     store = new SqliteAccountsStore(dir);
   });
