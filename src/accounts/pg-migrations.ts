@@ -84,11 +84,20 @@ export const PG_MIGRATIONS: readonly Migration[] = [
 /** Advisory lock key for migrations (any fixed 64-bit number). */
 const MIGRATION_LOCK = 7_214_550_113n;
 
-/** Apply pending migrations in the client's current schema; returns the versions applied now. */
-export async function migratePg(client: PoolClient, migrations: readonly Migration[] = PG_MIGRATIONS): Promise<number[]> {
+/**
+ * Apply pending migrations in the client's current schema (creating `schema`
+ * first when given, under the same lock: CREATE SCHEMA IF NOT EXISTS alone
+ * races); returns the versions applied now.
+ */
+export async function migratePg(
+  client: PoolClient,
+  schema: string | null = null,
+  migrations: readonly Migration[] = PG_MIGRATIONS,
+): Promise<number[]> {
   await client.query("BEGIN");
   try {
     await client.query("SELECT pg_advisory_xact_lock($1)", [MIGRATION_LOCK.toString()]);
+    if (schema !== null) await client.query(`CREATE SCHEMA IF NOT EXISTS "${schema}"`);
     await client.query(`
       CREATE TABLE IF NOT EXISTS schema_migrations (
         version    INTEGER PRIMARY KEY,

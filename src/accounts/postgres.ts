@@ -140,8 +140,7 @@ export class PgAccountsStore implements AccountsStore, CreditStore {
     try {
       const client = await pool.connect();
       try {
-        if (schema !== null) await client.query(`CREATE SCHEMA IF NOT EXISTS "${schema}"`);
-        await migratePg(client);
+        await migratePg(client, schema);
       } finally {
         client.release();
       }
