@@ -133,6 +133,8 @@ export class PgAccountsStore implements AccountsStore, CreditStore {
     const pool = new pg.Pool({
       connectionString: options.connectionString,
       max: options.maxConnections ?? 10,
+      // A database that does not answer fails the request (503) instead of hanging it.
+      connectionTimeoutMillis: 5000,
       ...(schema !== null ? { options: `-c search_path=${schema}` } : {}),
     });
     // An idle client losing its connection must not crash the process.

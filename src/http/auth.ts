@@ -5,7 +5,7 @@
  * saying "revoked" leaks nothing, since only the key's holder can learn it.
  */
 import type { FastifyReply, FastifyRequest } from "fastify";
-import type { AccountsStore } from "../accounts/types.js";
+import type { AccountsStore, KeyCheck } from "../accounts/types.js";
 import { isWellFormedKey } from "../accounts/keys.js";
 import { AssayError } from "../errors/catalogue.js";
 
@@ -31,7 +31,14 @@ export function makeAuthenticate(accounts: AccountsStore) {
     const t = performance.now();
     try {
       const key = bearerToken(request.headers.authorization);
-      const check = await accounts.checkKey(key);
+      let check: KeyCheck;
+      try {
+        check = await accounts.checkKey(key);
+      } catch (err) {
+        // The store (PostgreSQL for replicas) is unreachable: not the caller's fault.
+        request.log.error({ err }, "accounts store unreachable");
+        throw new AssayError("UNAVAILABLE", "the service cannot check API keys right now; retry shortly", 1);
+      }
       if (check.state === "revoked") throw unauthorized("API key has been revoked: create a new one");
       if (check.state === "unknown") throw unauthorized("API key is not valid: no such key");
       request.org = check.org;

@@ -298,3 +298,51 @@ describe("ledger sums under concurrent load", () => {
     expect(audit.derived).toEqual(audit.kept);
   });
 });
+
+describe("store or limiter unreachable (PostgreSQL / Redis down)", () => {
+  it("503 with Retry-After, never an unchecked admission, and the slot comes back", async () => {
+    await start();
+    const store = t.accounts;
+    const realPlace = store.placeHold.bind(store);
+    store.placeHold = () => {
+      throw new Error("connection refused");
+    };
+    const res = await post();
+    expect(expectSpecError(res, 503)).toMatch(/cannot check credit/);
+    expect(res.headers["retry-after"]).toBe("1");
+    expect(t.pipeline.inModel).toBe(0);
+    expect(await t.admission.limiter.inFlight(t.orgId)).toBe(0);
+    store.placeHold = realPlace;
+
+    const limiter = t.admission.limiter;
+    const realAcquire = limiter.acquire.bind(limiter);
+    limiter.acquire = async () => {
+      throw new Error("redis down");
+    };
+    const res2 = await post();
+    expect(expectSpecError(res2, 503)).toMatch(/concurrency limit/);
+    limiter.acquire = realAcquire;
+
+    const realCheck = store.checkKey.bind(store);
+    store.checkKey = () => {
+      throw new Error("connection refused");
+    };
+    const res3 = await post();
+    expect(expectSpecError(res3, 503)).toMatch(/cannot check API keys/);
+    store.checkKey = realCheck;
+
+    expect(ledgerKinds()).toEqual(["grant"]);
+    expect((await post()).statusCode).toBe(200);
+  });
+
+  it("a settle that cannot be written is a 503 and no charge: the hold is released", async () => {
+    await start();
+    const store = t.accounts;
+    store.settleHold = () => {
+      throw new Error("connection lost");
+    };
+    expect(expectSpecError(await post(), 503)).toMatch(/not charged/);
+    expect(balance()).toMatchObject({ creditMicro: 1_000_000, heldMicro: 0 });
+    expect(ledgerKinds()).toEqual(["grant", "hold", "release"]);
+  });
+});
