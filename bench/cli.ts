@@ -1,73 +1,21 @@
 /**
  * Benchmarks. `npm run bench -- <scenario>`; each scenario measures assay and
  * its named baseline in the same run and reports ratios (machines are noisy;
- * absolute times are for orientation only). Results: bench/out/<scenario>-<time>.{json,md}.
+ * absolute times are for orientation only). Results: bench/out/<scenario>-<time>.{json,md}
+ * (and .svg for latency and batch). Scenarios: state-sharing, latency (the krite-bench matrix in
+ * layers, with the naive and llama.cpp baselines), batch (assay batch grouped vs ungrouped).
  */
-import fs from "node:fs";
-import path from "node:path";
 import { Command } from "commander";
-import { ROOT, loadConfig } from "../src/config/index.js";
-import { EnginePipeline, prepare, type LoadedBuild } from "../src/pipeline/index.js";
+import { loadConfig } from "../src/config/index.js";
+import { EnginePipeline, prepare } from "../src/pipeline/index.js";
 import type { PackedRequest } from "../src/inference/pack.js";
 import { pack } from "../src/inference/pack.js";
-import type { Question } from "../src/validate/schema.js";
-
-const OUT = path.join(ROOT, "bench", "out");
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
-
-async function timeIt(fn: () => Promise<unknown>, reps: number): Promise<number> {
-  const xs: number[] = [];
-  for (let i = 0; i < reps; i++) {
-    const t = performance.now();
-    await fn();
-    xs.push(performance.now() - t);
-  }
-  return median(xs);
-}
-
-/** Deterministic English-like filler of about `tokens` tokens for this tokenizer. */
-function stateOf(lb: LoadedBuild, tokens: number): string {
-  const sentences = [
-    "The quarterly report shows revenue grew in every region except the north, where a supplier dispute delayed shipments.",
-    "Customer support resolved most tickets within a day, although billing questions took longer than planned.",
-    "The engineering team replaced the legacy queue with a managed service and cut incident counts by half.",
-    "Marketing spent less than budgeted because two trade shows were cancelled and moved online.",
-    "A new office opened in Lisbon with forty staff, mostly in sales and customer success.",
-    "Auditors found no material weaknesses, but asked for clearer approval records on vendor payments.",
-  ];
-  let text = "";
-  let i = 0;
-  while (lb.tokenizer.encode(text).length < tokens) text += (text ? " " : "") + sentences[i++ % sentences.length];
-  const ids = lb.tokenizer.encode(text).slice(0, tokens);
-  return lb.tokenizer.decode(ids);
-}
-
-function questionsOf(n: number): Record<string, Question> {
-  const subjects = ["revenue", "support", "engineering", "marketing", "the Lisbon office", "the audit", "shipments", "billing"];
-  const qs: Record<string, Question> = {};
-  for (let i = 0; i < n; i++) {
-    const s = subjects[i % subjects.length]!;
-    qs[`q${i}`] =
-      i % 2 === 0
-        ? { type: "noul", instructions: `The report says ${s} improved during quarter ${1 + (i % 4)}.` }
-        : { type: "choice", instructions: `How does the report describe ${s}?`, criteria: { good: null, mixed: null, bad: null } };
-  }
-  return qs;
-}
-
-function write(name: string, result: unknown, md: string): void {
-  fs.mkdirSync(OUT, { recursive: true });
-  const stamp = new Date().toISOString().replace(/[:.]/g, "-");
-  fs.writeFileSync(path.join(OUT, `${name}-${stamp}.json`), JSON.stringify(result, null, 2));
-  fs.writeFileSync(path.join(OUT, `${name}-${stamp}.md`), md);
-  console.log(md);
-  console.log(`\nwritten to ${path.join(OUT, `${name}-${stamp}.{json,md}`)}`);
-}
+import path from "node:path";
+import { InvalidArgumentError } from "commander";
+import { ROOT } from "../src/config/index.js";
+import { batchScenario } from "./batch.js";
+import { questionsOf, stateOf, timeIt, write } from "./common.js";
+import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
 
 async function stateSharing(opts: { stateTokens: number; questions: number[]; reps: number; naiveSample: number }) {
   const engine = await EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent" }));
@@ -158,6 +106,90 @@ program
       reps: Number(o.reps),
       naiveSample: Number(o.naiveSample),
     });
+  });
+
+const int = (name: string, min = 1) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer ≥ ${min}`);
+  return n;
+};
+const list = <T extends string>(name: string, allowed: readonly T[]) => (v: string) => {
+  const xs = v.split(",").map((s) => s.trim()).filter(Boolean);
+  for (const x of xs) if (!allowed.includes(x as T)) throw new InvalidArgumentError(`${name}: "${x}" is not one of ${allowed.join(", ")}`);
+  return xs as T[];
+};
+const command = () => `npm run bench -- ${process.argv.slice(2).join(" ")}`;
+
+program
+  .command("latency")
+  .description("krite-bench matrix: burst and sustained latency in layers (engine, pipeline, HTTP) against the naive and llama.cpp baselines")
+  .option("--cells <spec>", "primary | all | STATExQUESTIONSxOPTIONS patterns with * and a|b, comma-separated (e.g. 512x*x4,2048x1x*)", "primary")
+  .option("--mode <mode>", "burst | sustained | both", "burst")
+  .option("--layers <list>", "engine,pipeline,http", list("--layers", ["engine", "pipeline", "http"] as const), ["engine", "pipeline", "http"])
+  .option("--warmup <n>", "burst: warm-up requests per layer (not measured)", int("--warmup", 0), 2)
+  .option("--requests <n>", "burst: measured requests per layer", int("--requests"), 10)
+  .option("--concurrency <list>", "sustained: concurrency levels", "1,8")
+  .option("--duration <s>", "sustained: seconds per layer and concurrency", int("--duration"), 20)
+  .option("--sustained-cell <cell>", "sustained: the cell", "512x1x4")
+  .option("--baselines <list>", "naive,llama (or none)", "naive,llama")
+  .option("--naive-sample <n>", "passes actually run per cell for the per-question baselines (the rest extrapolated)", int("--naive-sample"), 4)
+  .option("--gguf <file>", "GGUF for llama.cpp (the default model's source)", path.join(ROOT, ".cache", "weights", "qwen2.5-coder-0.5b-instruct.gguf"))
+  .option("--llama-threads <n>", "llama.cpp threads", int("--llama-threads"), 2)
+  .option("--workers <n>", "assay inference lanes (ASSAY_WORKERS)", int("--workers"))
+  .option("--threads <n>", "onnxruntime threads per lane (ASSAY_INTRA_OP_THREADS)", int("--threads"))
+  .action(
+    async (o: {
+      cells: string;
+      mode: string;
+      layers: Layer[];
+      warmup: number;
+      requests: number;
+      concurrency: string;
+      duration: number;
+      sustainedCell: string;
+      baselines: string;
+      naiveSample: number;
+      gguf: string;
+      llamaThreads: number;
+      workers?: number;
+      threads?: number;
+    }) => {
+      if (!["burst", "sustained", "both"].includes(o.mode)) throw new InvalidArgumentError(`--mode must be burst, sustained or both`);
+      const baselines = o.baselines === "none" ? [] : list("--baselines", ["naive", "llama"] as const)(o.baselines);
+      const concurrency = o.concurrency.split(",").map((s) => int("--concurrency")(s.trim()));
+      const sustainedCell = parseCells(o.sustainedCell);
+      if (sustainedCell.length !== 1) throw new InvalidArgumentError("--sustained-cell must name one cell");
+      await latencyScenario(
+        {
+          cells: parseCells(o.cells),
+          mode: o.mode as "burst" | "sustained" | "both",
+          layers: o.layers,
+          warmup: o.warmup,
+          requests: o.requests,
+          concurrency,
+          durationS: o.duration,
+          sustainedCell: sustainedCell[0] ?? PRIMARY,
+          baselines: baselines as Baseline[],
+          naiveSample: o.naiveSample,
+          gguf: o.gguf,
+          llamaThreads: o.llamaThreads,
+          ...(o.workers ? { workers: o.workers } : {}),
+          ...(o.threads ? { threads: o.threads } : {}),
+        },
+        command(),
+      );
+    },
+  );
+
+program
+  .command("batch")
+  .description("assay batch grouped vs ungrouped on a synthetic file, and the engine-only bound")
+  .option("--states <n>", "distinct states", int("--states"), 4)
+  .option("--per-state <n>", "requests per state", int("--per-state"), 8)
+  .option("--state-tokens <n>", "tokens per state", int("--state-tokens"), 256)
+  .option("--concurrency <n>", "batch concurrency", int("--concurrency"), 2)
+  .action(async (o: { states: number; perState: number; stateTokens: number; concurrency: number }) => {
+    await batchScenario(o, command());
   });
 
 await program.parseAsync(process.argv);
