@@ -7,6 +7,7 @@
  * record is left in place and ignored.
  */
 import fs from "node:fs";
+import path from "node:path";
 import { DUPLICATE_ID, idKey, isOk, type OutRecord } from "./records.js";
 import type { InputLine } from "./input.js";
 
@@ -92,6 +93,7 @@ export class OutputWriter {
   private readonly fd: number;
 
   constructor(file: string) {
+    fs.mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
     this.fd = fs.openSync(file, "a");
   }
 
