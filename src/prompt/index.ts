@@ -66,6 +66,13 @@ function label(style: PromptStyle, text: string): string {
   return style.kind === "completion" ? ` ${text}` : text;
 }
 
+/** Level names short enough to answer with, and distinct. */
+function shortNames(levels: readonly string[]): boolean {
+  const trimmed = levels.map((l) => l.trim());
+  return trimmed.every((l) => l.length > 0 && l.length <= 40 && !l.includes("\n")) && new Set(trimmed).size === levels.length &&
+    trimmed.every((l, i) => l === levels[i]);
+}
+
 /** A question whose labels are its option keys, one form each. */
 function optionQuestion(style: PromptStyle, id: string, type: "choice" | "score", lines: string[], keys: string[]): QuestionPrompt {
   return {
@@ -113,9 +120,18 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
         `Question: ${ask && ask.length > 0 ? ask : "Where does the state fall on this scale?"}`,
         "Levels, from lowest to highest:",
       ];
-      q.criteria.forEach((text, i) => lines.push(`${i}: ${text}`));
-      lines.push("Answer with the level number only.");
-      return optionQuestion(style, id, "score", lines, q.criteria.map((_, i) => String(i)));
+      const numbers = q.criteria.map((_, i) => String(i));
+      if (!shortNames(q.criteria)) {
+        q.criteria.forEach((text, i) => lines.push(`${i}: ${text}`));
+        lines.push("Answer with the level number only.");
+        return optionQuestion(style, id, "score", lines, numbers);
+      }
+      // Short, distinct level names are read as the answer itself: a small
+      // model picks a number by habit (measured on SST-5: the same number for
+      // every review), while it reads "very negative" … "very positive" by meaning.
+      q.criteria.forEach((text) => lines.push(`- ${text}`));
+      lines.push("Answer with the level name only.");
+      return { ...optionQuestion(style, id, "score", lines, q.criteria), keys: numbers };
     }
   }
 }

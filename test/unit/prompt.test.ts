@@ -203,30 +203,54 @@ describe("choice questions", () => {
 describe("score questions", () => {
   const levels = ["very negative", "negative", "neutral", "positive", "very positive"];
   const q: Question = { type: "score", instructions: "How positive is the review?", criteria: levels };
+  // Rubric-style levels (longer than 40 characters) are answered by number.
+  const rubric = [
+    "The answer ignores the question entirely and is off topic.",
+    "The answer addresses the question but with major factual errors.",
+    "The answer is correct, complete and clearly written throughout.",
+  ];
+  const qr: Question = { type: "score", instructions: "Grade the answer.", criteria: rubric };
 
-  it.each(STYLES)("%s: levels numbered from 0, lowest to highest", (name, style) => {
+  it.each(STYLES)("%s: short level names are listed lowest to highest and read as the answer", (name, style) => {
     const p = buildQuestion(style, "s", q);
     expect(p.type).toBe("score");
     expect(p.suffix).toContain("How positive is the review?");
     expect(p.suffix).toMatch(/lowest to highest/);
-    levels.forEach((text, i) => expect(p.suffix).toMatch(new RegExp(`^${i}: ${text}$`, "m")));
-    const idx = levels.map((_, i) => p.suffix.indexOf(`\n${i}: `));
+    levels.forEach((text) => expect(p.suffix).toMatch(new RegExp(`^- ${text}$`, "m")));
+    const idx = levels.map((t) => p.suffix.indexOf(`\n- ${t}\n`));
     for (let i = 1; i < idx.length; i++) expect(idx[i]!).toBeGreaterThan(idx[i - 1]!);
+    expect(p.suffix).toMatch(/level name only/);
     expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
   });
 
-  it("keys are level numbers as strings; labels are the numbers", () => {
+  it("short names: keys are level numbers, labels are the names", () => {
     const chat = buildQuestion(CHATML, "s", q);
     expect(chat.keys).toEqual(["0", "1", "2", "3", "4"]);
-    expect(chat.labels).toEqual(["0", "1", "2", "3", "4"]);
-    expect(buildQuestion(COMPLETION, "s", q).labels).toEqual([" 0", " 1", " 2", " 3", " 4"]);
+    expect(chat.labels).toEqual(levels);
+    expect(chat.option).toEqual([0, 1, 2, 3, 4]);
+    expect(buildQuestion(COMPLETION, "s", q).labels).toEqual(levels.map((l) => ` ${l}`));
   });
 
-  it("more than ten levels get two-digit numbers", () => {
-    const many = Array.from({ length: 12 }, (_, i) => `L${i}`);
+  it.each(STYLES)("%s: long levels are numbered from 0, lowest to highest, and read as numbers", (name, style) => {
+    const p = buildQuestion(style, "s", qr);
+    rubric.forEach((text, i) => expect(p.suffix).toContain(`\n${i}: ${text}`));
+    expect(p.suffix).toMatch(/level number only/);
+    expect(p.keys).toEqual(["0", "1", "2"]);
+    expect(p.labels).toEqual(style === CHATML ? ["0", "1", "2"] : [" 0", " 1", " 2"]);
+    expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
+  });
+
+  it("duplicate level names fall back to numbers", () => {
+    const p = buildQuestion(CHATML, "s", { type: "score", criteria: ["ok", "ok", "good"] });
+    expect(p.labels).toEqual(["0", "1", "2"]);
+  });
+
+  it("more than ten numbered levels get two-digit numbers", () => {
+    const many = Array.from({ length: 12 }, (_, i) => `Level ${i}: ${"a fairly long description of this level"}`);
     const p = buildQuestion(CHATML, "s", { type: "score", criteria: many });
     expect(p.keys.at(-1)).toBe("11");
-    expect(p.suffix).toMatch(/^11: L11$/m);
+    expect(p.labels.at(-1)).toBe("11");
+    expect(p.suffix).toMatch(/^11: Level 11/m);
   });
 });
 
