@@ -3,7 +3,7 @@
  *
  *   cells     state 64 / 512 / 2,048 tokens × questions 1 / 4 / 16 / 64 × options 2 / 4 / 8
  *             (primary cell 512×1×4; `--cells` picks, default the primary cell only)
- *   burst     warm-up W, then N requests one after another: p50 / p95 / p99
+ *   burst     warm-up W, then N requests one after another (the layers taking turns): p50 / p95 / p99
  *   sustained C requests kept in flight for D seconds: throughput, p50 per minute
  *   layers    engine  = pool.infer on an already prepared (tokenized, packed) request
  *             pipeline = EnginePipeline.run (prompt, tokenize, pack, infer, probabilities)
@@ -24,7 +24,7 @@ import { ROOT, loadConfig, type Config } from "../src/config/index.js";
 import { EnginePipeline, prepare, type LoadedBuild, type PreparedRequest } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
 import type { RequestEnvelope } from "../src/validate/schema.js";
-import { choiceQuestions, fmtMs, machineNote, median, percentile, ratio, stateOf, timeAll, write, type MachineNote } from "./common.js";
+import { choiceQuestions, fmtMs, machineNote, median, percentile, ratio, stateOf, write, type MachineNote } from "./common.js";
 import { openLlama, type LlamaBaseline } from "./llama.js";
 import { barChart, type BarPanel } from "./svg.js";
 
@@ -279,12 +279,23 @@ async function burstCell(h: Harness, w: Work, o: LatencyOptions, log: (s: string
     http_over_engine: null,
     pipeline_over_engine: null,
   };
-  for (const layer of o.layers) {
-    const fn = requester(h, layer, w);
-    for (let i = 0; i < o.warmup; i++) await fn();
-    res.layers[layer] = stats(await timeAll(fn, o.requests));
-    log(`  ${res.cell} ${layer}: p50 ${fmtMs(res.layers[layer]!.p50)} ms`);
+  // The layers take turns (rotating which goes first), so that a change in the
+  // machine's load while the cell runs hits every layer alike.
+  const fns = o.layers.map((layer) => requester(h, layer, w));
+  for (const fn of fns) for (let i = 0; i < o.warmup; i++) await fn();
+  const times: number[][] = fns.map(() => []);
+  for (let i = 0; i < o.requests; i++) {
+    for (let j = 0; j < fns.length; j++) {
+      const k = (i + j) % fns.length;
+      const t = performance.now();
+      await fns[k]!();
+      times[k]!.push(performance.now() - t);
+    }
   }
+  o.layers.forEach((layer, k) => {
+    res.layers[layer] = stats(times[k]!);
+    log(`  ${res.cell} ${layer}: p50 ${fmtMs(res.layers[layer]!.p50)} ms`);
+  });
   const eng = res.layers.engine?.p50 ?? null;
   if (eng) res.engine_tok_s = Math.round((p.inputIds.length / eng) * 1000);
   res.http_over_engine = ratio(res.layers.http?.p50, eng, 3);
