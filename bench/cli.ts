@@ -129,7 +129,7 @@ program
   .option("--warmup <n>", "burst: warm-up requests per layer (not measured)", int("--warmup", 0), 2)
   .option("--requests <n>", "burst: measured requests per layer", int("--requests"), 10)
   .option("--concurrency <list>", "sustained: concurrency levels", "1,8")
-  .option("--duration <s>", "sustained: seconds per layer and concurrency", int("--duration"), 20)
+  .option("--duration <s>", "sustained: seconds per layer and concurrency (the window counted)", int("--duration"), 30)
   .option("--sustained-cell <cell>", "sustained: the cell", "512x1x4")
   .option("--baselines <list>", "naive,llama (or none)", "naive,llama")
   .option("--naive-sample <n>", "passes actually run per cell for the per-question baselines (the rest extrapolated)", int("--naive-sample"), 4)
