@@ -613,12 +613,12 @@ export function latencyMarkdown(r: LatencyReport, command: string): string {
   }
   if (r.sustained.length) {
     L.push(`### Sustained: fixed concurrency for ${r.options.durationS} s on ${r.options.sustainedCell}`, "");
-    L.push("| layer | concurrency | completed | errors | requests/s | tok/s | p50 / p95 / p99 ms | p50 per minute | throughput / lowest concurrency |");
+    L.push("| layer | concurrency | completed in the window (+ finished after) | errors | requests/s | tok/s | p50 / p95 / p99 ms | p50 per minute | throughput / lowest concurrency |");
     L.push("|---|---|---|---|---|---|---|---|---|");
     for (const s of r.sustained) {
       const pm = s.per_minute_p50.map((m) => `m${m.minute}: ${fmtMs(m.p50)} (${m.n})`).join(", ");
       L.push(
-        `| ${s.layer} | ${s.concurrency} | ${s.completed} | ${s.errors} | ${s.throughput_rps} | ${s.throughput_tok_s} | ${fmtMs(s.latency.p50)} / ${fmtMs(s.latency.p95)} / ${fmtMs(s.latency.p99)} | ${pm} | ${s.over_lowest_concurrency ?? "–"} |`,
+        `| ${s.layer} | ${s.concurrency} | ${s.completed} (+${s.finished_after_window}) | ${s.errors} | ${s.throughput_rps} | ${s.throughput_tok_s} | ${fmtMs(s.latency.p50)} / ${fmtMs(s.latency.p95)} / ${fmtMs(s.latency.p99)} | ${pm} | ${s.over_lowest_concurrency ?? "–"} |`,
       );
     }
     L.push("");
