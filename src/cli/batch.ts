@@ -10,7 +10,6 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { Writable } from "node:stream";
 import { CommanderError, InvalidArgumentError, type Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig } from "../config/index.js";
@@ -21,6 +20,7 @@ import { loadPricing, usd } from "../batch/pricing.js";
 import { runBatch, type BatchResult } from "../batch/runner.js";
 import type { Scorer } from "../batch/scorer.js";
 import type { CliIO } from "./keys.js";
+import { stderrStream } from "./progress.js";
 
 export interface BatchCliOptions {
   in: string;
@@ -43,15 +43,7 @@ const positiveInt = (name: string) => (v: string) => {
 };
 
 function progressBar(io: CliIO, total: number): { tick(done: number): void; stop(): void } {
-  const stream = Object.assign(
-    new Writable({
-      write(chunk: Buffer | string, _enc, cb) {
-        io.stderr(chunk.toString());
-        cb();
-      },
-    }),
-    { isTTY: process.stderr.isTTY === true, columns: process.stderr.columns },
-  );
+  const stream = stderrStream(io);
   const bar = new cliProgress.SingleBar(
     {
       stream,

@@ -7,7 +7,6 @@
  * output folder. Progress and notes go to stderr. See src/eval/README.md.
  */
 import path from "node:path";
-import { Writable } from "node:stream";
 import { InvalidArgumentError, type Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
@@ -17,6 +16,7 @@ import { runDatasets, type Progress } from "../eval/runner.js";
 import { summarize } from "../eval/summary.js";
 import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
 import type { CliIO } from "./keys.js";
+import { stderrStream } from "./progress.js";
 
 export interface EvalCliOptions {
   model: string;
@@ -41,15 +41,7 @@ export function defaultOutDir(model: string, now = new Date()): string {
 
 /** cli-progress bar drawing on the CLI's stderr (TTY behaviour follows the real stderr). */
 function progressBar(io: CliIO): Progress {
-  const stream = Object.assign(
-    new Writable({
-      write(chunk: Buffer | string, _enc, cb) {
-        io.stderr(chunk.toString());
-        cb();
-      },
-    }),
-    { isTTY: process.stderr.isTTY === true, columns: process.stderr.columns },
-  );
+  const stream = stderrStream(io);
   const bar = new cliProgress.SingleBar(
     {
       stream,
