@@ -171,21 +171,7 @@ function statements(db: Database.Database) {
     ),
     markPurchased: db.prepare<[string]>("UPDATE organizations SET has_purchased = 1 WHERE id = ?"),
     append: db.prepare<
-      [
-        {
-          org_id: string;
-          kind: LedgerKind;
-          amount: number;
-          hold_id: string | null;
-          request_id: string | null;
-          model: string | null;
-          input_tokens: number | null;
-          price: number | null;
-          expires_at: number | null;
-          note: string | null;
-          created_at: string;
-        },
-      ]
+      [Omit<LedgerRow, "seq">]
     >(
       `INSERT INTO ledger (org_id, kind, amount, hold_id, request_id, model, input_tokens, price, expires_at, note, created_at)
        VALUES (@org_id, @kind, @amount, @hold_id, @request_id, @model, @input_tokens, @price, @expires_at, @note, @created_at)`,
