@@ -47,6 +47,14 @@ const Env = z.object({
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score). */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("off"),
+  /**
+   * When builds marked `"availability": "scheduled"` in models.json (the large
+   * model) are kept loaded: `always`, `never`, or `<days> HH:MM-HH:MM <IANA zone>`
+   * with days like `mon-fri` or `mon,wed,sat`. Outside it they unload when idle.
+   */
+  ASSAY_MODEL_SCHEDULE: z.string().default("mon-fri 07:30-19:00 America/Los_Angeles"),
+  /** Seconds a scheduled build may sit idle outside its schedule before it is unloaded. */
+  ASSAY_MODEL_IDLE_UNLOAD_SECONDS: z.coerce.number().min(0).default(600),
 
   // Accounts, credit and concurrency (README, "Credit, limits and replicas").
   /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
@@ -89,6 +97,8 @@ export type Config = Readonly<{
   queueMax: number;
   maxPackedTokens: number;
   debias: "off" | "cyclic";
+  modelSchedule: string;
+  modelIdleUnloadMs: number;
   databaseUrl: string | null;
   databaseSchema: string | null;
   redisUrl: string | null;
@@ -134,6 +144,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,
+    modelSchedule: e.ASSAY_MODEL_SCHEDULE,
+    modelIdleUnloadMs: Math.round(e.ASSAY_MODEL_IDLE_UNLOAD_SECONDS * 1000),
     databaseUrl: e.ASSAY_DATABASE_URL ?? null,
     databaseSchema: e.ASSAY_DATABASE_SCHEMA ?? null,
     redisUrl: e.ASSAY_REDIS_URL ?? null,

@@ -13,6 +13,12 @@ const Build = z.object({
   dir: z.string(),
   /** Recipe in models/recipes.json that makes this folder (used by bootstrap). */
   recipe: z.string().optional(),
+  /**
+   * `always`: loaded at boot and kept. `scheduled`: kept loaded during
+   * ASSAY_MODEL_SCHEDULE, unloaded when idle outside it, loaded on demand
+   * (requests that need it meanwhile get 503 + Retry-After).
+   */
+  availability: z.enum(["always", "scheduled"]).default("always"),
 });
 
 const Entry = z.union([
@@ -20,6 +26,10 @@ const Entry = z.union([
   z.strictObject({
     family: z.enum(["general", "factcheck", "codesearch"]),
     build: z.string(),
+    /** A larger build that rescores the items this one is unsure about. */
+    escalate_to: z.string().optional(),
+    /** Reported as `effort` by the families that have one (code search). */
+    effort: z.enum(["low", "medium", "high"]).optional(),
     deprecated: z.boolean().default(false),
   }),
 ]);
@@ -39,6 +49,8 @@ export interface ResolvedModel {
   family: "general" | "factcheck" | "codesearch";
   build: string;
   buildDir: string;
+  escalateTo: string | null;
+  effort: "low" | "medium" | "high" | null;
   deprecated: boolean;
   aliasOf: string | null;
 }
@@ -49,7 +61,10 @@ export class ModelRegistry {
     private readonly modelsDir: string,
   ) {
     // Fail at boot, not on a request: every alias must end at a model.
-    for (const name of Object.keys(file.models)) this.resolve(name);
+    for (const name of Object.keys(file.models)) {
+      const r = this.resolve(name);
+      if (r.escalateTo) this.buildDir(r.escalateTo);
+    }
     if (!this.has(file.default)) throw new Error(`models config: default "${file.default}" is not a model name`);
   }
 
@@ -66,6 +81,23 @@ export class ModelRegistry {
 
   names(): string[] {
     return Object.keys(this.file.models);
+  }
+
+  /** Every build some public name uses (directly or as its escalation target). */
+  usedBuilds(): string[] {
+    const out = new Set<string>();
+    for (const name of this.names()) {
+      const r = this.resolve(name);
+      out.add(r.build);
+      if (r.escalateTo) out.add(r.escalateTo);
+    }
+    return [...out];
+  }
+
+  availability(build: string): "always" | "scheduled" {
+    const b = this.file.builds[build];
+    if (!b) throw new Error(`models config: unknown build "${build}"`);
+    return b.availability;
   }
 
   buildDir(build: string): string {
@@ -96,6 +128,8 @@ export class ModelRegistry {
         family: e.family,
         build: e.build,
         buildDir: this.buildDir(e.build),
+        escalateTo: e.escalate_to ?? null,
+        effort: e.effort ?? null,
         deprecated,
         aliasOf: "alias_of" in direct ? direct.alias_of : null,
       };

@@ -53,7 +53,7 @@ export function buildPrefix(style: PromptStyle, state: State): string {
   return `${SYSTEM}\n\n${body}`;
 }
 
-function closeTurn(style: PromptStyle, text: string): string {
+export function closeTurn(style: PromptStyle, text: string): string {
   if (style.kind === "chatml") return `${text}${style.end}\n<|im_start|>assistant\n`;
   return `${text}\nAnswer:`;
 }
@@ -62,7 +62,7 @@ function closeTurn(style: PromptStyle, text: string): string {
  * Labels that a completion-style prompt reads after "Answer:" carry a leading
  * space; a chat turn starts the answer right after the newline.
  */
-function label(style: PromptStyle, text: string): string {
+export function label(style: PromptStyle, text: string): string {
   return style.kind === "completion" ? ` ${text}` : text;
 }
 
