@@ -340,9 +340,16 @@ def main() -> int:
             external_data=True,
         )
 
+    import gc
     import logging
     import onnx
 
+    # The float32 weights live on in torch until here; a 1.5B model would
+    # otherwise hold them twice over (torch + the ONNX protobuf) and run out
+    # of memory on a 24 GB machine during the rewrite.
+    n_params = int(sum(v.numel() for v in sd.values()))
+    model = sd = packed = ex = None  # noqa: F841 (some are set only when the check runs)
+    gc.collect()
     logging.disable(logging.INFO)
     m = onnx.load(str(fp32_path), load_external_data=True)
     if args.weights == "w8a8":
@@ -402,7 +409,7 @@ def main() -> int:
         "context_length": int(cfg.get("max_position_embeddings", 4096)),
         "hidden_size": int(cfg["hidden_size"]),
         "num_layers": int(cfg["num_hidden_layers"]),
-        "parameters": int(sum(v.numel() for v in sd.values())),
+        "parameters": n_params,
         "quantization": quant,
         "chat_template": tok.chat_template if isinstance(tok.chat_template, str) else None,
         "special_tokens": special,

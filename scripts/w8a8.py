@@ -60,13 +60,24 @@ def rewrite(model: onnx.ModelProto, skip: set[str] | None = None) -> tuple[onnx.
         if w is None or len(w.dims) != 2 or w.data_type != TensorProto.FLOAT or node.name in skip:
             new_nodes.append(node)
             continue
-        W = numpy_helper.to_array(w)
-        sw = np.maximum(np.abs(W).max(axis=0), 1e-12) / 127.0
-        Wq = np.clip(np.round(W / sw), -127, 127).astype(np.int8)
+        if w.name in consumed:
+            # The same weight under a second MatMul: its int8 copy exists already.
+            wq_done = True
+        else:
+            wq_done = False
+        W = None if wq_done else numpy_helper.to_array(w)
+        # Free the float32 copy as soon as it is read: peak memory stays near
+        # one model's worth instead of two.
         wname = w.name + "/int8"
-        new_inits.append(numpy_helper.from_array(Wq, wname))
-        new_inits.append(numpy_helper.from_array(sw.astype(np.float32), w.name + "/scale"))
-        consumed.add(w.name)
+        if W is not None:
+            w.ClearField("raw_data")
+            w.ClearField("float_data")
+            sw = np.maximum(np.abs(W).max(axis=0), 1e-12) / 127.0
+            Wq = np.clip(np.round(W / sw), -127, 127).astype(np.int8)
+            del W
+            new_inits.append(numpy_helper.from_array(Wq, wname))
+            new_inits.append(numpy_helper.from_array(sw.astype(np.float32), w.name + "/scale"))
+            consumed.add(w.name)
         xq, xs = quantize_input(node.input[0])
         p = f"w8a8mm/{count}"
         # DequantizeLinear per axis 0: int32 -> float times the row scale in one pass.

@@ -45,8 +45,10 @@ const Env = z.object({
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
-  /** Remove option-position bias by averaging over cyclic shifts (choice/score). */
-  ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("off"),
+  /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
+  ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic"),
+  /** Presentations per choice question at most under `cyclic` (score questions use 2). */
+  ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large
    * model) are kept loaded: `always`, `never`, or `<days> HH:MM-HH:MM <IANA zone>`
@@ -55,6 +57,10 @@ const Env = z.object({
   ASSAY_MODEL_SCHEDULE: z.string().default("mon-fri 07:30-19:00 America/Los_Angeles"),
   /** Seconds a scheduled build may sit idle outside its schedule before it is unloaded. */
   ASSAY_MODEL_IDLE_UNLOAD_SECONDS: z.coerce.number().min(0).default(600),
+  /** Fact check: documents longer than this many tokens are read in overlapping chunks of this size. */
+  ASSAY_FACTCHECK_CHUNK_TOKENS: z.coerce.number().int().min(256).default(2048),
+  /** Tokens each fact check chunk shares with the one before it. */
+  ASSAY_FACTCHECK_CHUNK_OVERLAP: z.coerce.number().int().min(0).default(256),
 
   // Accounts, credit and concurrency (README, "Credit, limits and replicas").
   /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
@@ -80,6 +86,14 @@ const Env = z.object({
   ASSAY_SLOT_LEASE_SECONDS: z.coerce.number().min(0.3).default(30),
   /** `Retry-After` seconds on 429. */
   ASSAY_RETRY_AFTER_SECONDS: z.coerce.number().int().min(0).default(1),
+
+  // Operating it (README, "Operating it").
+  /** A request's deadline, from arrival to answer, in milliseconds; past it → 504 and its queued work is dropped. */
+  ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000),
+  /** On SIGTERM, seconds in-flight requests get to finish before they are cancelled (503, no charge). */
+  ASSAY_DRAIN_SECONDS: z.coerce.number().min(0).default(30),
+  /** Test-only fault injection into the inference workers (off by default; see README). */
+  ASSAY_TEST_FAULTS: bool.default(false),
 });
 
 export type Config = Readonly<{
@@ -97,8 +111,11 @@ export type Config = Readonly<{
   queueMax: number;
   maxPackedTokens: number;
   debias: "off" | "cyclic";
+  debiasMaxShifts: number;
   modelSchedule: string;
   modelIdleUnloadMs: number;
+  factcheckChunkTokens: number;
+  factcheckChunkOverlap: number;
   databaseUrl: string | null;
   databaseSchema: string | null;
   redisUrl: string | null;
@@ -111,6 +128,9 @@ export type Config = Readonly<{
   holdSweepMs: number;
   slotLeaseMs: number;
   retryAfterSeconds: number;
+  requestTimeoutMs: number;
+  drainMs: number;
+  testFaults: boolean;
 }>;
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Config> = {}): Config {
@@ -144,8 +164,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,
+    debiasMaxShifts: e.ASSAY_DEBIAS_MAX_SHIFTS,
     modelSchedule: e.ASSAY_MODEL_SCHEDULE,
     modelIdleUnloadMs: Math.round(e.ASSAY_MODEL_IDLE_UNLOAD_SECONDS * 1000),
+    factcheckChunkTokens: e.ASSAY_FACTCHECK_CHUNK_TOKENS,
+    factcheckChunkOverlap: Math.min(e.ASSAY_FACTCHECK_CHUNK_OVERLAP, Math.floor(e.ASSAY_FACTCHECK_CHUNK_TOKENS / 2)),
     databaseUrl: e.ASSAY_DATABASE_URL ?? null,
     databaseSchema: e.ASSAY_DATABASE_SCHEMA ?? null,
     redisUrl: e.ASSAY_REDIS_URL ?? null,
@@ -158,6 +181,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     holdSweepMs: Math.round(e.ASSAY_HOLD_SWEEP_SECONDS * 1000),
     slotLeaseMs: Math.round(e.ASSAY_SLOT_LEASE_SECONDS * 1000),
     retryAfterSeconds: e.ASSAY_RETRY_AFTER_SECONDS,
+    requestTimeoutMs: e.ASSAY_REQUEST_TIMEOUT_MS,
+    drainMs: Math.round(e.ASSAY_DRAIN_SECONDS * 1000),
+    testFaults: e.ASSAY_TEST_FAULTS,
     ...overrides,
   });
 }

@@ -73,6 +73,49 @@ export function generalQuestions() {
     );
 }
 
+/** Code search: `noul` or its alias `boolean`, 1–128 of them. */
+export function codeSearchQuestions() {
+  return z
+    .record(
+      z.string(),
+      z.discriminatedUnion("type", [NoulQuestion, BooleanQuestion], {
+        error: "code search questions are of type noul (or its alias boolean)",
+      }),
+    )
+    .refine(
+      (q) => Object.keys(q).length >= LIMITS.codeSearchQuestions.min && Object.keys(q).length <= LIMITS.codeSearchQuestions.max,
+      { message: `code search models take ${LIMITS.codeSearchQuestions.min} to ${LIMITS.codeSearchQuestions.max} questions` },
+    );
+}
+
+export const CodeSearchItem = z.looseObject({
+  id: z.string().min(1),
+  path: z.string(),
+  kind: z.string().min(1),
+  filePreview: z.looseObject({ text: z.string() }).optional(),
+  childPreview: z
+    .looseObject({ entries: z.array(z.looseObject({ name: z.string(), kind: z.string() })) })
+    .optional(),
+});
+export const CodeSearchState = z.union([
+  z.string(),
+  z.looseObject({ query: z.string(), items: z.array(CodeSearchItem) }),
+]);
+export type CodeSearchState = z.infer<typeof CodeSearchState>;
+
+/** Fact check: every question is a `noul` whose instructions hold one claim. */
+export function factCheckQuestions() {
+  return z
+    .record(
+      z.string(),
+      NoulQuestion.extend({ instructions: z.string().trim().min(1, "a fact check question needs its claim in `instructions`") }),
+    )
+    .refine(
+      (q) => Object.keys(q).length >= LIMITS.generalQuestions.min && Object.keys(q).length <= LIMITS.generalQuestions.max,
+      { message: `fact check models take ${LIMITS.generalQuestions.min} to ${LIMITS.generalQuestions.max} questions` },
+    );
+}
+
 // ---- answers ---------------------------------------------------------------
 
 export interface NoulAnswer {

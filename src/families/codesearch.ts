@@ -1,0 +1,162 @@
+import { invalid } from "../errors/catalogue.js";
+import type { ResolvedModel } from "../models/registry.js";
+import type { PipelineContext } from "../pipeline/types.js";
+import { adjustForRecall } from "../probability/recall.js";
+import { codesearchItem, codesearchPrefix, codesearchWholeState, type CodeItem } from "../prompt/families.js";
+import {
+  CodeSearchState,
+  LIMITS,
+  codeSearchQuestions,
+  describeZodError,
+  type NoulAnswer,
+  type RequestEnvelope,
+  type SystemOneResponse,
+} from "../validate/schema.js";
+import { DEFAULT_BAND, escalate } from "./escalation.js";
+import { CodeSearchFit, familyFit, type FamilyEnv } from "./types.js";
+import { encodeBranches, scoreYesNo, type EncodedBranches } from "./yesno.js";
+
+/**
+ * Code search: one query, many items; the probability that an agent needs
+ * each. The query is the shared prefix, every item a branch. `-lite` scores
+ * with the small build, `-max` with the large one, the base name escalates
+ * the items the small build is unsure about. `noul` is the recall-adjusted
+ * score (src/probability/recall.ts); `details` carries the raw one.
+ */
+
+/** Prompt tokens above which an item is not scored (spec: overflow). */
+export const ITEM_TOKEN_LIMIT = 8192;
+
+export interface CodeSearchDetail {
+  raw: number;
+  overflow: boolean;
+  escalated: boolean;
+  scores: Record<string, number>;
+}
+
+interface Parsed {
+  prefixText: string;
+  ids: string[];
+  suffixTexts: string[];
+}
+
+function parse(env: RequestEnvelope, lbStyle: Parameters<typeof codesearchPrefix>[0]): Parsed {
+  const qs = codeSearchQuestions().safeParse(env.questions);
+  if (!qs.success) throw invalid(describeZodError(qs.error).replace(/^body/, "questions"));
+  const st = CodeSearchState.safeParse(env.state);
+  if (!st.success) {
+    throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error).replace(/^body/, "state")}`);
+  }
+  const state = st.data;
+  const chars = typeof state === "string" ? state.length : JSON.stringify(state).length;
+  if (chars > LIMITS.codeSearchStateChars) {
+    throw invalid(`state: ${chars.toLocaleString("en-US")} characters; code search states are limited to ${LIMITS.codeSearchStateChars.toLocaleString("en-US")}`);
+  }
+  const ids = Object.keys(qs.data);
+  if (typeof state === "string") {
+    return {
+      prefixText: codesearchPrefix(lbStyle, state),
+      ids,
+      suffixTexts: ids.map((id) => codesearchWholeState(lbStyle, qs.data[id]!.instructions)),
+    };
+  }
+  const items = new Map<string, CodeItem>();
+  for (const it of state.items) {
+    if (items.has(it.id)) throw invalid(`state.items: item id "${it.id}" appears more than once`);
+    items.set(it.id, it as CodeItem);
+  }
+  const suffixTexts = ids.map((id) => {
+    const m = /^q(\d+)$/.exec(id);
+    const item = m ? items.get(`n${m[1]}`) : undefined;
+    if (!item) {
+      throw invalid(
+        m
+          ? `questions.${id}: no item "n${m[1]}" in state.items (question q<i> is about item n<i>)`
+          : `questions.${id}: code search question ids are q0, q1, …, one per item n0, n1, …`,
+      );
+    }
+    return codesearchItem(lbStyle, item, qs.data[id]!.instructions);
+  });
+  return { prefixText: codesearchPrefix(lbStyle, state.query), ids, suffixTexts };
+}
+
+export async function runCodeSearch(
+  fam: FamilyEnv,
+  model: ResolvedModel,
+  env: RequestEnvelope,
+  ctx: PipelineContext,
+): Promise<SystemOneResponse> {
+  const first = fam.build(model.build);
+  const t0 = performance.now();
+  const parsed = parse(env, first.style);
+  const t1 = performance.now();
+  ctx.timings.add("prompt", t1 - t0);
+  // Nothing is tokenized, held or charged while the build that scores first is not running.
+  const release = fam.acquire(model.build, env.model);
+  try {
+    const enc = encodeBranches(first, parsed.prefixText, parsed.suffixTexts);
+    const large = model.escalateTo ? fam.build(model.escalateTo) : null;
+    const encLarge = large ? encodeBranches(large, parsed.prefixText, parsed.suffixTexts) : null;
+    ctx.timings.add("tokenize", performance.now() - t1);
+
+    const overflow = enc.suffixTokens.map((n) => enc.prefix.length + n > ITEM_TOKEN_LIMIT);
+    const scored = overflow.flatMap((o, i) => (o ? [] : [i]));
+    const billed = (e: EncodedBranches, which: readonly number[]) =>
+      which.length === 0 ? 0 : e.prefix.length + which.reduce((s, i) => s + e.suffixTokens[i]!, 0);
+    // The hold covers the worst case: every scored item re-sent to the large build.
+    await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
+
+    const limit = Math.max(fam.maxPackedTokens, ITEM_TOKEN_LIMIT + 64);
+    const small = scored.length ? await scoreYesNo(fam.pool, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
+    let raw = small.p;
+    let largeP: number[] = raw.map(() => NaN);
+    let escalated = raw.map(() => false);
+    let inputTokens = billed(enc, scored);
+    const firstFit = familyFit(first, "codesearch", CodeSearchFit);
+    if (large && encLarge && model.escalateTo) {
+      const band = firstFit?.band ?? DEFAULT_BAND;
+      const out = await escalate(
+        raw,
+        band,
+        () => fam.acquire(model.escalateTo!, env.model),
+        async (idx) => {
+          const r = await scoreYesNo(fam.pool, large, encLarge, limit, ctx, idx);
+          inputTokens += billed(encLarge, idx);
+          return idx.map((i) => r.p[i]!);
+        },
+      );
+      raw = out.final;
+      largeP = out.large;
+      escalated = out.escalated;
+    }
+
+    const t2 = performance.now();
+    const largeFit = large ? familyFit(large, "codesearch", CodeSearchFit) : null;
+    const answers: Record<string, NoulAnswer> = {};
+    const details: Record<string, CodeSearchDetail> = {};
+    parsed.ids.forEach((id, i) => {
+      if (overflow[i]) {
+        answers[id] = { type: "noul", noul: 1 };
+        details[id] = { raw: 1, overflow: true, escalated: false, scores: {} };
+        return;
+      }
+      const fit = escalated[i] ? largeFit : firstFit;
+      const scores: Record<string, number> = { [model.build]: small.p[i]! };
+      if (escalated[i]) scores[model.escalateTo!] = largeP[i]!;
+      answers[id] = { type: "noul", noul: adjustForRecall(raw[i]!, fit?.recall) };
+      details[id] = { raw: raw[i]!, overflow: false, escalated: escalated[i]!, scores };
+    });
+    ctx.timings.add("probability", performance.now() - t2);
+    return {
+      model: env.model,
+      answers,
+      usage: { input_tokens: inputTokens, output_tokens: 0 },
+      request_id: ctx.requestId,
+      effort: model.effort ?? "medium",
+      details,
+      escalation_skipped: false,
+    };
+  } finally {
+    release();
+  }
+}

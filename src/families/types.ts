@@ -1,0 +1,36 @@
+import { z } from "zod";
+import type { InferencePool } from "../inference/pool.js";
+import type { LoadedBuild } from "../pipeline/build.js";
+
+/** What a family needs from the engine: builds, the pool and the model lifecycle. */
+export interface FamilyEnv {
+  pool: InferencePool;
+  /** A loaded build (tokenizer, manifest) by its models.json build name. */
+  build(name: string): LoadedBuild;
+  /** Counts a request as a user of `build`; throws 503 + Retry-After while it is not loaded. */
+  acquire(build: string, forModel: string): () => void;
+  maxPackedTokens: number;
+}
+
+const BandFit = z.object({ lo: z.number().min(0).max(1), hi: z.number().min(0).max(1) });
+
+/** `codesearch` section of a build's calibration file. */
+export const CodeSearchFit = z.looseObject({
+  recall: z.object({ target: z.number().gt(0).lt(1), threshold: z.number().gt(0).lt(1) }).optional(),
+  /** Small-model scores that count as unsure and escalate (`judge-codegrep`). */
+  band: BandFit.optional(),
+});
+export type CodeSearchFit = z.infer<typeof CodeSearchFit>;
+
+/** `factcheck` section; the Platt map itself is `platt["factcheck:noul"]`. */
+export const FactCheckFit = z.looseObject({ band: BandFit.optional() });
+export type FactCheckFit = z.infer<typeof FactCheckFit>;
+
+/** A family section of a build's shipped calibration, or null when not fitted. */
+export function familyFit<T>(lb: LoadedBuild, section: string, schema: z.ZodType<T>): T | null {
+  const cal = lb.build.manifest.calibration as Record<string, unknown> | null;
+  const raw = cal?.[section];
+  if (raw === undefined) return null;
+  const parsed = schema.safeParse(raw);
+  return parsed.success ? parsed.data : null;
+}

@@ -1,0 +1,111 @@
+import { AssayError } from "../errors/catalogue.js";
+import { pack, readLabels, type EncodedQuestion } from "../inference/pack.js";
+import type { InferencePool } from "../inference/pool.js";
+import type { PipelineContext } from "../pipeline/types.js";
+import { softmax } from "../probability/index.js";
+import { YES_NO, yesNoLabels } from "../prompt/families.js";
+import type { LoadedBuild } from "../pipeline/build.js";
+
+/**
+ * Yes/no scoring of many branches against one shared prefix, for the
+ * families whose questions are all "is this claim supported / is this item
+ * needed". Branches are packed into as few passes as the packed-token limit
+ * allows; long and short branches go to different passes, because a pass
+ * pads every branch to its longest one.
+ */
+
+export interface EncodedBranches {
+  prefix: number[];
+  branches: EncodedQuestion[];
+  /** Tokens of each branch's prompt (suffix only, labels excluded). */
+  suffixTokens: number[];
+}
+
+/** `prefix` as text, or already as token ids (a document chunk cut by tokens). */
+export function encodeBranches(lb: LoadedBuild, prefix: string | number[], suffixTexts: readonly string[]): EncodedBranches {
+  const labels = yesNoLabels(lb.style).map((l) => {
+    let ids = lb.labelCache.get(l);
+    if (!ids) {
+      ids = lb.tokenizer.encode(l);
+      lb.labelCache.set(l, ids);
+    }
+    return ids;
+  });
+  const prefixIds = typeof prefix === "string" ? lb.tokenizer.encode(prefix) : prefix;
+  const branches = suffixTexts.map((s) => ({ suffix: lb.tokenizer.encode(s), labels, terminator: lb.terminator }));
+  return { prefix: prefixIds, branches, suffixTokens: branches.map((b) => b.suffix.length) };
+}
+
+/** Tokens one branch adds to a pass: its suffix and its label trie (at most every label token plus an end). */
+export function branchCost(b: EncodedQuestion): number {
+  return b.suffix.length + b.labels.reduce((s, l) => s + l.length, 0) + 1;
+}
+
+/** Groups branch indices into passes of at most `limit` tokens each (prefix included). */
+export function planPasses(prefixLength: number, costs: readonly number[], limit: number): number[][] {
+  const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
+  const passes: number[][] = [];
+  let cur: number[] = [];
+  let used = prefixLength;
+  for (const i of order) {
+    const c = costs[i]!;
+    if (cur.length > 0 && used + c > limit) {
+      passes.push(cur);
+      cur = [];
+      used = prefixLength;
+    }
+    cur.push(i);
+    used += c;
+  }
+  if (cur.length > 0) passes.push(cur);
+  return passes;
+}
+
+export interface YesNoScores {
+  /** P(yes) per branch, in input order; NaN for branches not scored. */
+  p: number[];
+  passes: number;
+}
+
+/**
+ * Scores the branches named by `which` (all when omitted). Each pass is one
+ * `pool.infer`; the caller bills the prefix once and each branch once.
+ */
+export async function scoreYesNo(
+  pool: InferencePool,
+  lb: LoadedBuild,
+  enc: EncodedBranches,
+  limit: number,
+  ctx: PipelineContext,
+  which?: readonly number[],
+): Promise<YesNoScores> {
+  const idx = which ? [...which] : enc.branches.map((_, i) => i);
+  const p = new Array<number>(enc.branches.length).fill(Number.NaN);
+  const passes = planPasses(
+    enc.prefix.length,
+    idx.map((i) => branchCost(enc.branches[i]!)),
+    limit,
+  ).map((pass) => pass.map((j) => idx[j]!));
+  for (const pass of passes) {
+    const packed = pack(
+      enc.prefix,
+      pass.map((i) => enc.branches[i]!),
+    );
+    const q0 = performance.now();
+    const out = await pool.infer(lb.build.onnxPath, packed, ctx.signal);
+    ctx.timings.add("inference", out.runMs);
+    ctx.timings.add("queue", Math.max(0, performance.now() - q0 - out.runMs));
+    const lps = readLabels(packed, out.logprobs);
+    pass.forEach((i, k) => {
+      const lp = lps[k]!;
+      if (!lp.every(Number.isFinite)) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+      // P(yes) = mass of the yes forms over the mass of all forms.
+      let yes = 0;
+      softmax(lp).forEach((q, li) => {
+        if (YES_NO.option[li] === 0) yes += q;
+      });
+      p[i] = yes;
+    });
+  }
+  return { p, passes: passes.length };
+}
