@@ -3,13 +3,15 @@
  * `inject()` in tests or `listen()` in main.ts. It never listens itself.
  *
  * Hook order for a request (see src/http/body.ts for the body checks):
- *   onRequest  request id headers, timings, draining → 503, Content-Length → 413
- *   parsing    Content-Type → 415, streamed size → 413, raw bytes kept
- *   preHandler Bearer key → 401                        (routes that need auth)
+ *   onRequest  request id headers, timings, draining → 503 (/v1/*), Content-Length → 413
+ *   parsing    Content-Type / Content-Encoding → 415, streamed size → 413, raw bytes kept
+ *   preHandler API key → 401, organization bound to the request's logger
  *   handler    concurrency slot → 429, JSON + envelope → 422,
- *              pipeline.run (credit hold in `admit` → 402) → 200 and settle,
- *              or its AssayError and no charge; slot released in `finally`
+ *              pipeline.run under the request's deadline (504) (credit hold
+ *              in `admit` → 402; 502/503/529 from the model) → 200 and settle,
+ *              or its AssayError and no charge; hold and slot released once the work stops
  *   errors     src/http/errors.ts, the only place an error becomes a response
+ *   onResponse metrics (requests, stages, tokens) and one JSON log line per request
  */
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { Admission } from "./accounts/admission.js";
@@ -21,8 +23,12 @@ import { AssayError } from "./errors/catalogue.js";
 import { checkContentLength, registerJsonBody } from "./http/body.js";
 import "./http/context.js";
 import { clientErrorHandler, errorHandler, frameworkErrors, notFoundHandler } from "./http/errors.js";
+import { Lifecycle } from "./http/lifecycle.js";
+import { registerOps, type FaultInjector } from "./http/ops.js";
 import { requestIdFor, setRequestIdHeaders } from "./http/request-id.js";
-import { registerRoutes } from "./http/routes.js";
+import { modelLabel, registerRoutes, SYSTEMONE_PATHS } from "./http/routes.js";
+import { loggerOptions } from "./observability/logger.js";
+import { metrics } from "./observability/metrics.js";
 import { Timings } from "./pipeline/timings.js";
 import type { Pipeline } from "./pipeline/types.js";
 import { LIMITS } from "./validate/schema.js";
@@ -39,41 +45,85 @@ export interface AppDeps {
    * Either way the app runs its expired-hold sweep while it is open.
    */
   admission?: Admission;
-  /** A pino logger; when absent fastify makes one at `config.logLevel`. */
+  /** A pino logger; when absent fastify makes one at `config.logLevel` with the redaction of src/observability. */
   logger?: FastifyBaseLogger;
+  /** Serving state and requests in flight; main.ts drains it on SIGTERM. Made here when absent. */
+  lifecycle?: Lifecycle;
+  /** TEST ONLY: the pool behind POST /__test/faults, registered only when `config.testFaults`. */
+  faults?: () => FaultInjector | null;
+  /** Seconds the default model took to become ready, once known (`/health`). */
+  startupSeconds?: () => number | null;
 }
 
-export function buildApp({ config, pipeline, accounts, admission: given, logger }: AppDeps): FastifyInstance {
+declare module "fastify" {
+  interface FastifyInstance {
+    lifecycle: Lifecycle;
+  }
+}
+
+/** Probes and scrapes are logged at debug, not once per second at info. */
+const QUIET_PATHS = new Set(["/healthz", "/readyz", "/metrics", "/health"]);
+
+export function buildApp({ config, pipeline, accounts, admission: given, logger, lifecycle: givenLifecycle, faults, startupSeconds }: AppDeps): FastifyInstance {
   const app = Fastify({
-    ...(logger
-      ? { loggerInstance: logger }
-      : { logger: { level: config.logLevel, redact: ["req.headers.authorization"] } }),
+    ...(logger ? { loggerInstance: logger } : { logger: loggerOptions(config.logLevel) }),
     bodyLimit: LIMITS.bodyBytes, // 1 MiB
     genReqId: requestIdFor,
+    // One log line per request, written in onResponse with the organization, model and timings.
+    disableRequestLogging: true,
     // fastify's own 503 while closing has a body of its own; ours goes through the error handler.
     return503OnClosing: false,
     frameworkErrors,
     clientErrorHandler,
   });
 
-  let draining = false;
+  const lifecycle = givenLifecycle ?? new Lifecycle();
+  app.decorate("lifecycle", lifecycle);
   app.addHook("preClose", async () => {
-    draining = true;
+    lifecycle.startDraining();
   });
 
   app.decorateRequest("timings", null as unknown as Timings);
   app.decorateRequest("org", null);
+  app.decorateRequest("scoring", null);
 
   app.addHook("onRequest", async (request, reply) => {
     // First, so that every later failure still carries the id.
     setRequestIdHeaders(reply, request.id);
     request.timings = new Timings();
     request.org = null;
-    if (draining) {
+    request.scoring = null;
+    // Draining: the API refuses new work; probes, metrics and docs still answer.
+    if (lifecycle.draining && request.url.startsWith("/v1/")) {
       reply.header("connection", "close");
-      throw new AssayError("UNAVAILABLE", "the server is shutting down", 1);
+      throw new AssayError("UNAVAILABLE", "the server is shutting down; retry (another replica will answer)", 1);
     }
     checkContentLength(request);
+  });
+
+  app.addHook("onResponse", async (request, reply) => {
+    const timings = request.timings;
+    if (!timings) return;
+    timings.finish();
+    const status = reply.statusCode;
+    const path = (request.url.split("?")[0] ?? "").slice(0, 200);
+    const scoring = request.scoring;
+    if (request.routeOptions.url && SCORING.has(request.routeOptions.url) && request.method === "POST") {
+      const model = modelLabel(pipeline, scoring?.model);
+      metrics.requests.inc({ model, status: String(status) });
+      for (const [stage, ms] of timings.entries()) metrics.stageSeconds.observe({ stage }, ms / 1000);
+      if (scoring?.inputTokens) metrics.inputTokens.inc({ model }, scoring.inputTokens);
+    }
+    const line = {
+      method: request.method,
+      path,
+      status,
+      ms: Math.round((timings.ms.total ?? 0) * 10) / 10,
+      ...(scoring ? { model: scoring.model, inputTokens: scoring.inputTokens } : {}),
+      ...(scoring ? { timings: roundAll(timings.ms) } : {}),
+    };
+    if (QUIET_PATHS.has(path)) request.log.debug(line, "request completed");
+    else request.log.info(line, "request completed");
   });
 
   const admission =
@@ -95,6 +145,22 @@ export function buildApp({ config, pipeline, accounts, admission: given, logger 
   registerJsonBody(app);
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler(notFoundHandler);
-  registerRoutes(app, { pipeline, accounts, admission });
+  registerRoutes(app, {
+    pipeline,
+    accounts,
+    admission,
+    lifecycle,
+    config,
+    ...(startupSeconds ? { startupSeconds } : {}),
+  });
+  registerOps(app, config.testFaults && faults ? faults : null);
   return app;
+}
+
+const SCORING = new Set<string>(SYSTEMONE_PATHS);
+
+function roundAll(ms: Partial<Record<string, number>>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(ms)) if (v !== undefined) out[k] = Math.round(v * 10) / 10;
+  return out;
 }

@@ -26,11 +26,28 @@ export function bearerToken(header: string | undefined): string {
   return m[1];
 }
 
+/**
+ * The credential a request presents: `Authorization: Bearer <key>` (the
+ * spec's), or, when that header is absent, an `api_key: <key>` header — what
+ * the Stainless-generated `bespokelabs` client sends.
+ */
+export function presentedKey(headers: FastifyRequest["headers"]): string {
+  const apiKey = headers["api_key"];
+  if (headers.authorization === undefined && typeof apiKey === "string") {
+    const key = apiKey.trim();
+    if (!isWellFormedKey(key)) {
+      throw unauthorized("malformed API key: keys look like `sk-assay-` followed by 43 characters");
+    }
+    return key;
+  }
+  return bearerToken(headers.authorization);
+}
+
 export function makeAuthenticate(accounts: AccountsStore) {
-  return async function authenticate(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
+  return async function authenticate(request: FastifyRequest, reply: FastifyReply): Promise<void> {
     const t = performance.now();
     try {
-      const key = bearerToken(request.headers.authorization);
+      const key = presentedKey(request.headers);
       let check: KeyCheck;
       try {
         check = await accounts.checkKey(key);
@@ -42,7 +59,10 @@ export function makeAuthenticate(accounts: AccountsStore) {
       if (check.state === "revoked") throw unauthorized("API key has been revoked: create a new one");
       if (check.state === "unknown") throw unauthorized("API key is not valid: no such key");
       request.org = check.org;
-      request.log.debug({ orgId: check.org.id, keyId: check.keyId }, "authenticated");
+      // Every later log line of this request names its organization (never the key).
+      request.log = request.log.child({ org: check.org.name, orgId: check.org.id });
+      reply.log = request.log;
+      request.log.debug({ keyId: check.keyId }, "authenticated");
     } finally {
       request.timings.add("auth", performance.now() - t);
     }

@@ -46,6 +46,18 @@ export function registerJsonBody(app: FastifyInstance): void {
     "application/json",
     { parseAs: "buffer", bodyLimit: LIMITS.bodyBytes },
     (request, body, done) => {
+      const encoding = String(request.headers["content-encoding"] ?? "identity").trim().toLowerCase();
+      if (encoding !== "identity" && encoding !== "") {
+        done(
+          new AssayError(
+            "UNSUPPORTED_MEDIA_TYPE",
+            `Content-Encoding "${encoding.slice(0, 40)}" is not supported: send the JSON body uncompressed ` +
+              "(typesafe-sdk: TypeSafeClient(compression=False))",
+          ),
+          undefined,
+        );
+        return;
+      }
       const charset = charsetOf(request.headers["content-type"]);
       if (charset !== undefined && charset !== "utf-8" && charset !== "utf8") {
         done(new AssayError("UNSUPPORTED_MEDIA_TYPE", `request body must be UTF-8 JSON; got charset "${charset}"`), undefined);

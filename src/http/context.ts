@@ -11,6 +11,8 @@ declare module "fastify" {
     timings: Timings;
     /** The organization of the API key; null before auth and on routes without auth. */
     org: Org | null;
+    /** Scoring requests: the model name sent and, once answered, usage.input_tokens (metrics, request log). */
+    scoring: { model: string; inputTokens: number | null } | null;
   }
 }
 

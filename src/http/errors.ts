@@ -11,7 +11,7 @@ import type { Socket } from "node:net";
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
 import { AssayError, ERRORS, type ErrorCode } from "../errors/catalogue.js";
 import { BODY_LIMIT_DETAIL } from "./body.js";
-import { REQUEST_ID_HEADER, SDK_REQUEST_ID_HEADER, setRequestIdHeaders } from "./request-id.js";
+import { REQUEST_ID_HEADER, SDK_REQUEST_ID_HEADER, TYPESAFE_REQUEST_ID_HEADER, setRequestIdHeaders } from "./request-id.js";
 
 export interface WireError {
   code: ErrorCode;
@@ -77,6 +77,11 @@ export function sendError(err: unknown, request: FastifyRequest, reply: FastifyR
   else log.info({ code: w.code, status: w.status }, "request refused");
 
   setRequestIdHeaders(reply, request.id);
+  // Errors carry the timing headers too (a 504's x-queue-time says where the time went).
+  if (request.timings) {
+    request.timings.finish();
+    reply.headers(request.timings.headers());
+  }
   if (w.retryAfter !== null) reply.header("retry-after", String(w.retryAfter));
   if (w.status === 401) reply.header("www-authenticate", "Bearer");
   // An oversized body may still be arriving; do not keep reading it for the next request.
@@ -125,7 +130,7 @@ export function clientErrorHandler(err: Error & { code?: string }, socket: Socke
       `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ""}\r\n` +
         `Content-Type: application/json; charset=utf-8\r\n` +
         `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-        `${REQUEST_ID_HEADER}: ${id}\r\n${SDK_REQUEST_ID_HEADER}: ${id}\r\n` +
+        `${REQUEST_ID_HEADER}: ${id}\r\n${SDK_REQUEST_ID_HEADER}: ${id}\r\n${TYPESAFE_REQUEST_ID_HEADER}: ${id}\r\n` +
         `Connection: close\r\n\r\n${body}`,
     );
   }

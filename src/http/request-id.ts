@@ -10,6 +10,8 @@ import type { FastifyReply } from "fastify";
 
 export const REQUEST_ID_HEADER = "x-request-id";
 export const SDK_REQUEST_ID_HEADER = "x-sdk-request-id";
+/** The same id again under the name typesafe-sdk reads (`error.request_id`, `response.request_id`). */
+export const TYPESAFE_REQUEST_ID_HEADER = "x-typesafe-request-id";
 
 const SANE_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
@@ -26,4 +28,5 @@ export function requestIdFor(req: Pick<IncomingMessage, "headers">): string {
 export function setRequestIdHeaders(reply: FastifyReply, id: string): void {
   reply.header(REQUEST_ID_HEADER, id);
   reply.header(SDK_REQUEST_ID_HEADER, id);
+  reply.header(TYPESAFE_REQUEST_ID_HEADER, id);
 }

@@ -6,24 +6,60 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods } from "fastify";
 import { releaseReason, type Admission } from "../accounts/admission.js";
 import type { AccountsStore } from "../accounts/types.js";
+import type { Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
+import { metrics } from "../observability/metrics.js";
 import type { Pipeline } from "../pipeline/types.js";
-import type { SystemOneResponse } from "../validate/schema.js";
+import { LIMITS, type SystemOneResponse } from "../validate/schema.js";
 import { makeAuthenticate } from "./auth.js";
 import { makeJsonDecoder, parseEnvelope } from "./body.js";
+import type { Lifecycle } from "./lifecycle.js";
+import { STARTING_RETRY_AFTER_S } from "./starting.js";
 
-export const SYSTEMONE_PATHS = ["/v1/systemone", "/v1/judge/systemone"] as const;
-
-/** Seconds a client is told to wait while the default model loads. */
-const READY_RETRY_AFTER_S = 5;
+/**
+ * The scoring paths. `/v1/systemone` and `/v1/judge/systemone` are the
+ * spec's; `/v1/nimble/systemone` is where the Stainless-generated
+ * `bespokelabs` client posts (`client.nimble.system_one`), same requests.
+ */
+export const SYSTEMONE_PATHS = ["/v1/systemone", "/v1/judge/systemone", "/v1/nimble/systemone"] as const;
 
 export interface RouteDeps {
   pipeline: Pipeline;
   accounts: AccountsStore;
   admission: Admission;
+  lifecycle: Lifecycle;
+  config: Pick<Config, "requestTimeoutMs" | "maxPackedTokens">;
+  /** Seconds from process start to the default model being warm, once known (`/health`). */
+  startupSeconds?: () => number | null;
 }
 
-export function registerRoutes(app: FastifyInstance, { pipeline, accounts, admission }: RouteDeps): void {
+/** Resolves with `work`, or rejects with the signal's reason as soon as it aborts. */
+function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    work.then(
+      (v) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** A bounded metric label: a configured model name, "other", or "none" (no valid body). */
+export function modelLabel(pipeline: Pipeline, name: string | undefined): string {
+  if (name === undefined) return "none";
+  return pipeline.listModels().some((m) => m.id === name) ? name : "other";
+}
+
+export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
+  const { pipeline, accounts, admission, lifecycle, config } = deps;
   const authenticate = makeAuthenticate(accounts);
   const decodeJson = makeJsonDecoder(app);
 
@@ -32,65 +68,132 @@ export function registerRoutes(app: FastifyInstance, { pipeline, accounts, admis
     const org = request.org;
     if (!org) throw new AssayError("INTERNAL", "route reached without authentication");
     // The organization's concurrency slot (429), before anything else the
-    // request does; given back in `finally` whatever happens.
-    const admitted = await admission.begin(org, request.id);
+    // request does; given back once the request's work has stopped.
+    const admitted = await timings.time("admission", () => admission.begin(org, request.id));
+    // Deadline (504), client hang-up (504) and drain deadline (503) all abort this one signal.
+    const tracked = lifecycle.track(config.requestTimeoutMs - (performance.now() - timings.start));
+    const onClose = () => {
+      if (!reply.raw.writableFinished) {
+        tracked.abort(new AssayError("TIMEOUT", "the client closed the connection before the answer was ready"));
+      }
+    };
+    reply.raw.once("close", onClose);
     let outcome = "error";
+    let held = false;
+    let work: Promise<SystemOneResponse> | null = null;
+    let workSettled = false;
     try {
       const envelope = await timings.time("validate", () => parseEnvelope(decodeJson(request)));
+      request.scoring = { model: envelope.model, inputTokens: null };
       const questionCount = Object.keys(envelope.questions).length;
-
-      // A caller that hangs up should stop its queued or running work.
-      const abort = new AbortController();
-      const onClose = () => {
-        if (!reply.raw.writableFinished) abort.abort(new Error("client closed the connection"));
+      work = pipeline.run(envelope, {
+        requestId: request.id,
+        orgId: org.id,
+        timings,
+        signal: tracked.signal,
+        // After tokenizing, before model work: hold the maximum cost (402).
+        // A request already past its deadline places no hold.
+        admit: async (inputTokens) => {
+          tracked.signal.throwIfAborted();
+          await timings.time("admission", () => admitted.hold(envelope.model, questionCount, inputTokens));
+          held = true;
+          metrics.holds.inc({ event: "placed" });
+        },
+      });
+      const settledFlag = () => {
+        workSettled = true;
       };
-      reply.raw.once("close", onClose);
-      try {
-        const response = await pipeline.run(envelope, {
-          requestId: request.id,
-          orgId: org.id,
-          timings,
-          signal: abort.signal,
-          // After tokenizing, before model work: hold the maximum cost (402).
-          admit: (inputTokens) => admitted.hold(envelope.model, questionCount, inputTokens),
-        });
-        // Charge exactly usage.input_tokens × price; the rest of the hold returns.
-        await admitted.settle(envelope.model, response.usage.input_tokens);
-        outcome = "settled";
-        timings.finish();
-        reply.headers(timings.headers());
-        return response;
-      } finally {
-        reply.raw.off("close", onClose);
-      }
+      work.then(settledFlag, settledFlag);
+      const response = await untilAborted(work, tracked.signal);
+      // Charge exactly usage.input_tokens × price; the rest of the hold returns.
+      await admitted.settle(envelope.model, response.usage.input_tokens);
+      outcome = "settled";
+      metrics.holds.inc({ event: "settled" });
+      metrics.chargedMicroUsd.inc({ model: modelLabel(pipeline, envelope.model) }, admitted.chargedMicro ?? 0);
+      request.scoring.inputTokens = response.usage.input_tokens;
+      timings.finish();
+      reply.headers(timings.headers());
+      return response;
     } catch (e) {
       outcome = releaseReason(e);
       throw e;
     } finally {
-      // Any error: the hold is released, no charge. Then the slot.
-      await admitted.end(outcome);
+      reply.raw.off("close", onClose);
+      // Any error: the hold is released, no charge; then the slot. When the
+      // deadline or the drain cut the request short while its work still
+      // runs (a hold being placed, a pass being read), that happens once the
+      // work has stopped, so no hold can be placed after its release.
+      const release = async () => {
+        await admitted.end(outcome);
+        if (held && outcome !== "settled") metrics.holds.inc({ event: "released" });
+        tracked.done();
+      };
+      if (work && !workSettled) void work.then(release, release);
+      else await release();
     }
   }
+
 
   for (const url of SYSTEMONE_PATHS) {
     app.post(url, { preHandler: authenticate }, systemOne);
     methodNotAllowed(app, url, ["POST"]);
   }
 
-  app.get("/v1/models", { preHandler: authenticate }, async () => ({
-    object: "list" as const,
-    data: pipeline.listModels().map((m) => ({ object: "model" as const, ...m })),
-  }));
+  // `data` (OpenAI-style list) is what assay always sent; `models` with
+  // name / description / release_date is what typesafe-sdk's
+  // `client.models.list()` and bespokelabs-nimble's `models()` read.
+  app.get("/v1/models", { preHandler: authenticate }, async () => {
+    const list = pipeline.listModels();
+    return {
+      object: "list" as const,
+      data: list.map((m) => ({ object: "model" as const, ...m })),
+      models: list.map((m) => ({
+        name: m.id,
+        description:
+          `${m.family} model` +
+          (m.alias_of ? `, alias of ${m.alias_of}` : "") +
+          (m.deprecated ? " (deprecated)" : "") +
+          (m.build ? `; build ${m.build}` : ""),
+        // assay does not know when the weights were released.
+        release_date: "",
+        family: m.family,
+        alias_of: m.alias_of,
+        deprecated: m.deprecated,
+        ready: m.ready,
+      })),
+    };
+  });
   methodNotAllowed(app, "/v1/models", ["GET"]);
+
+  // The request limits, as bespokelabs-nimble's `limits()` reads them; per organization for concurrency.
+  app.get("/v1/limits", { preHandler: authenticate }, async (request) => ({
+    max_answers_per_question: LIMITS.options.max,
+    max_questions: LIMITS.generalQuestions.max,
+    max_prompt_tokens: config.maxPackedTokens,
+    trained_prompt_tokens: config.maxPackedTokens,
+    max_input_tokens: config.maxPackedTokens,
+    max_body_bytes: LIMITS.bodyBytes,
+    max_total_input_tokens: config.maxPackedTokens,
+    max_concurrent_requests: request.org ? admission.limitFor(request.org) : 1,
+  }));
+  methodNotAllowed(app, "/v1/limits", ["GET"]);
 
   // Liveness: the process answers. Never depends on models or storage.
   app.get("/healthz", async () => ({ status: "ok" }));
   methodNotAllowed(app, "/healthz", ["GET"]);
 
-  // Readiness: the default model is loaded and warm.
+  // A descriptive health document (bespokelabs-nimble's `health()`): always 200, says whether requests can be served.
+  app.get("/health", async () => ({
+    status: pipeline.ready() && !lifecycle.draining ? ("ok" as const) : ("unavailable" as const),
+    startup_seconds: deps.startupSeconds?.() ?? null,
+  }));
+  methodNotAllowed(app, "/health", ["GET"]);
+
+  // Readiness: the default model is loaded and warm, and the process is not draining.
   app.get("/readyz", async () => {
+    if (lifecycle.draining) throw new AssayError("UNAVAILABLE", "not ready: the server is shutting down", 1);
     if (!pipeline.ready()) {
-      throw new AssayError("MODEL_STARTING", "not ready: the default model is still loading", READY_RETRY_AFTER_S);
+      throw new AssayError("MODEL_STARTING", "not ready: the default model is still loading", STARTING_RETRY_AFTER_S);
     }
     return { status: "ready" };
   });

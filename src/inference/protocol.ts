@@ -9,11 +9,22 @@ export interface LaneOptions {
   intraOpThreads: number;
   /** Fall back to the CPU provider when CUDA cannot start. */
   cudaFallbackCpu: boolean;
+  /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */
+  testFaults?: boolean;
 }
+
+/**
+ * Test-only faults, carried by one infer task (ASSAY_TEST_FAULTS=1):
+ *   throw  the task fails as if onnxruntime threw          → 502, worker kept
+ *   exit   the worker thread exits mid-task (a crash)       → 502, worker replaced
+ *   stall  the task waits until `flag[0]` becomes non-zero  (Atomics; lets a test hold a lane busy)
+ */
+export type TestFault = { kind: "throw" } | { kind: "exit" } | { kind: "stall"; flag: Int32Array };
 
 export interface InferTask extends PackedTensors {
   kind: "infer";
   model: string;
+  testFault?: TestFault;
 }
 
 export interface LoadTask {

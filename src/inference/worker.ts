@@ -49,8 +49,21 @@ function session(model: string) {
   return s;
 }
 
+/** Test-only (ASSAY_TEST_FAULTS=1): see TestFault in protocol.ts. Runs after the session exists, i.e. mid-request. */
+async function injectFault(t: InferTask): Promise<void> {
+  const f = t.testFault;
+  if (!f || !lane.testFaults) return;
+  if (f.kind === "throw") throw new Error("injected test fault: the model threw");
+  if (f.kind === "exit") process.exit(70); // in a worker thread this ends the thread only
+  // waitAsync keeps this thread's event loop free, so piscina can still terminate it at close.
+  // (Node 20 has it; TypeScript types it from lib es2024 only.)
+  const waitAsync = (Atomics as unknown as { waitAsync(a: Int32Array, i: number, v: number): { value: Promise<string> | string } }).waitAsync;
+  while (Atomics.load(f.flag, 0) === 0) await waitAsync(f.flag, 0, 0).value;
+}
+
 async function infer(t: InferTask): Promise<TaskResult> {
   const { session: s, provider } = await session(t.model);
+  await injectFault(t);
   const T = t.inputIds.length;
   const feeds: Record<string, ort.Tensor> = {
     input_ids: new ort.Tensor("int64", t.inputIds, [T]),

@@ -1,8 +1,18 @@
 /**
  * One timings object per request. Stages are measured in milliseconds and
- * feed the response headers, metrics and the benchmark alike.
+ * feed the response headers (`x-<stage>-time`, `server-timing`), the
+ * Prometheus stage histograms and the benchmark alike.
  */
-export type Stage = "validate" | "auth" | "prompt" | "tokenize" | "queue" | "inference" | "probability" | "total";
+export type Stage =
+  | "validate"
+  | "auth"
+  | "admission"
+  | "prompt"
+  | "tokenize"
+  | "queue"
+  | "inference"
+  | "probability"
+  | "total";
 
 export class Timings {
   readonly start = performance.now();
@@ -22,14 +32,25 @@ export class Timings {
     }
   }
 
+  /** Sets `total` once; later calls keep the first end (a response is timed when it is decided). */
   finish(): void {
-    this.ms.total = performance.now() - this.start;
+    this.ms.total ??= performance.now() - this.start;
   }
 
-  /** `x-<stage>-time` headers, milliseconds with one decimal. */
+  /** Measured stages in a fixed order. */
+  entries(): [Stage, number][] {
+    return Object.entries(this.ms) as [Stage, number][];
+  }
+
+  /** `x-<stage>-time` headers, milliseconds with one decimal, plus the standard `server-timing`. */
   headers(): Record<string, string> {
     const h: Record<string, string> = {};
-    for (const [k, v] of Object.entries(this.ms)) h[`x-${k}-time`] = v.toFixed(1);
+    const st: string[] = [];
+    for (const [k, v] of this.entries()) {
+      h[`x-${k}-time`] = v.toFixed(1);
+      st.push(`${k};dur=${v.toFixed(1)}`);
+    }
+    if (st.length > 0) h["server-timing"] = st.join(", ");
     return h;
   }
 }
