@@ -11,7 +11,9 @@ import { InvalidArgumentError, type Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
-import { readDataset, UnsupportedDataset, type Dataset } from "../eval/datasets.js";
+import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
+import { checkCalibration, readCalibrationFile } from "../models/manifest.js";
+import { calibrationForMode } from "../probability/index.js";
 import { runDatasets, type Progress } from "../eval/runner.js";
 import { summarize } from "../eval/summary.js";
 import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
@@ -22,9 +24,15 @@ export interface EvalCliOptions {
   model: string;
   data: string[];
   limit?: number;
+  split?: Split;
   out?: string;
   flip: boolean;
   concurrency: number;
+  /** Override ASSAY_DEBIAS / ASSAY_DEBIAS_MAX_SHIFTS for this run. */
+  debias?: "off" | "cyclic";
+  shifts?: number;
+  /** "none" for identity, or a calibration file (refused unless fitted on this build); default: what the build loads. */
+  calibration?: string;
 }
 
 const positiveInt = (name: string) => (v: string) => {
@@ -67,7 +75,7 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
   const skipped: SkippedFile[] = [];
   for (const file of opts.data) {
     try {
-      const ds = readDataset(file, opts.limit);
+      const ds = readDataset(file, opts.limit, opts.split);
       let name = ds.name;
       for (let i = 2; datasets.some((d) => d.name === name); i++) name = `${ds.name}-${i}`;
       datasets.push({ ...ds, name });
@@ -79,7 +87,10 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
   }
   if (datasets.length === 0) throw new Error("no dataset to evaluate");
 
-  const config = loadConfig(io.env);
+  const config = loadConfig(io.env, {
+    ...(opts.debias !== undefined ? { debias: opts.debias } : {}),
+    ...(opts.shifts !== undefined ? { debiasMaxShifts: opts.shifts } : {}),
+  });
   const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
   try {
     if (!pipeline.registry.has(opts.model)) {
@@ -90,7 +101,12 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
       throw new Error(`model "${opts.model}" is a ${resolved.family} model; eval asks noul/choice/score questions of a general model`);
     }
     const lb = pipeline.build(opts.model);
-    const calibration = lb.build.manifest.calibration;
+    if (opts.calibration === "none") lb.build.manifest.calibration = null;
+    else if (opts.calibration !== undefined) {
+      lb.build.manifest.calibration = checkCalibration(readCalibrationFile(opts.calibration), lb.build.manifest, opts.calibration);
+    }
+    // What the pipeline applies under this run's debias mode.
+    const calibration = calibrationForMode(lb.build.manifest.calibration, config.debias);
     const t0 = performance.now();
     const createdAt = new Date();
     const runs = await runDatasets(datasets, {
@@ -107,10 +123,18 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
       model: opts.model,
       resolved: { target: resolved.target, build: lb.build.manifest.build_hash },
       calibration: calibration
-        ? `temperature scaling ${JSON.stringify(calibration.temperatures)} (fitted ${calibration.fitted_at})`
+        ? `temperatures ${JSON.stringify(calibration.temperatures)}, Platt ${JSON.stringify(calibration.platt ?? {})} ` +
+          `(fitted ${calibration.fitted_at} under debias ${calibration.debias ?? "unrecorded"})`
         : "none (identity)",
+      debias: config.debias === "off" ? "off" : `cyclic, at most ${config.debiasMaxShifts} presentations per choice question (score: 2)`,
       createdAt: createdAt.toISOString(),
-      options: { limit: opts.limit ?? null, flip: opts.flip, concurrency: opts.concurrency, data: opts.data },
+      options: {
+        limit: opts.limit ?? null,
+        split: opts.split ? `${opts.split.part}/${opts.split.of}` : null,
+        flip: opts.flip,
+        concurrency: opts.concurrency,
+        data: opts.data,
+      },
       summaries,
       runs,
       skipped,
@@ -136,10 +160,26 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
     .option("--model <name>", "public model name", "judge-latest")
     .requiredOption("--data <files...>", "dataset files (JSONL); the format is detected from the row fields")
     .option("--limit <n>", "at most N rows per file, evenly spaced over the file", positiveInt("--limit"))
+    .option("--split <part/parts>", "only rows i with i mod PARTS = PART, before --limit (e.g. 1/2 for the rows `calibrate --split 0/2` left out)", parseSplit)
+    .option("--debias <mode>", "off | cyclic (default: ASSAY_DEBIAS)")
+    .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
+    .option("--calibration <file|none>", "calibration to apply: none, or a fit file for this build (default: what the build loads)")
     .option("--out <dir>", "output folder (default bench/out/eval/<model>-<timestamp>/)")
     .option("--no-flip", "skip the reversed-option-order pass (flip rate) for choice and score")
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
-    .action(async (o: { model: string; data: string[]; limit?: number; out?: string; flip: boolean; concurrency: number }) => {
+    .action(async (o: {
+      model: string;
+      data: string[];
+      limit?: number;
+      split?: Split;
+      out?: string;
+      flip: boolean;
+      concurrency: number;
+      debias?: string;
+      shifts?: number;
+      calibration?: string;
+    }) => {
+      if (o.debias !== undefined && o.debias !== "off" && o.debias !== "cyclic") throw new Error(`--debias must be off or cyclic, got "${o.debias}"`);
       await evalCommand(
         {
           model: o.model,
@@ -147,7 +187,11 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
           flip: o.flip,
           concurrency: o.concurrency,
           ...(o.limit !== undefined ? { limit: o.limit } : {}),
+          ...(o.split !== undefined ? { split: o.split } : {}),
           ...(o.out !== undefined ? { out: o.out } : {}),
+          ...(o.debias !== undefined ? { debias: o.debias } : {}),
+          ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
+          ...(o.calibration !== undefined ? { calibration: o.calibration } : {}),
         },
         io,
       );

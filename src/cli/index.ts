@@ -6,6 +6,7 @@
 import { Command, CommanderError } from "commander";
 import { registerKeyCommands, type CliIO } from "./keys.js";
 import { registerEvalCommand } from "./eval.js";
+import { registerCalibrateCommand } from "./calibrate.js";
 import { registerBatchCommand } from "./batch.js";
 import { registerCreditCommands } from "./credit.js";
 
@@ -25,6 +26,7 @@ export function buildCli(io: CliIO = defaultIO()): Command {
   registerKeyCommands(program, io);
   registerCreditCommands(program, io);
   registerEvalCommand(program, io);
+  registerCalibrateCommand(program, io);
   registerBatchCommand(program, io);
   return program;
 }

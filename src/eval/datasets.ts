@@ -156,8 +156,26 @@ export function datasetName(file: string): string {
   return path.basename(file).replace(/\.jsonl?$/, "");
 }
 
-/** Read a JSONL dataset file. Throws `UnsupportedDataset` for formats this command does not evaluate. */
-export function readDataset(file: string, limit?: number): Dataset {
+/** Rows i with i mod `of` = `part` (0-based): disjoint parts of a file, e.g. fit on 0/2, report on 1/2. */
+export interface Split {
+  part: number;
+  of: number;
+}
+
+/** "1/2" → {part: 1, of: 2}. */
+export function parseSplit(text: string): Split {
+  const m = /^(\d+)\/(\d+)$/.exec(text.trim());
+  const part = Number(m?.[1]);
+  const of = Number(m?.[2]);
+  if (!m || !(of >= 1) || !(part >= 0 && part < of)) throw new Error(`split must be PART/PARTS with 0 ≤ PART < PARTS, got "${text}"`);
+  return { part, of };
+}
+
+/**
+ * Read a JSONL dataset file. Throws `UnsupportedDataset` for formats this command does not evaluate.
+ * `split` keeps every `of`-th row first; `limit` then spreads over what is left.
+ */
+export function readDataset(file: string, limit?: number, split?: Split): Dataset {
   const text = fs.readFileSync(file, "utf8");
   const rows: { row: Row; line: number }[] = [];
   text.split("\n").forEach((l, i) => {
@@ -173,7 +191,8 @@ export function readDataset(file: string, limit?: number): Dataset {
   });
   if (rows.length === 0) throw new UnsupportedDataset(file, "no rows");
   const format = detectFormat(rows[0]!.row, file);
-  const items = spread(rows, limit).map(({ row, line }) => rowToItem(format, row, { file, line }));
+  const kept = split ? rows.filter((_, i) => i % split.of === split.part) : rows;
+  const items = spread(kept, limit).map(({ row, line }) => rowToItem(format, row, { file, line }));
   const ids = new Set<string>();
   for (const it of items) {
     if (ids.has(it.id)) throw new Error(`${file}: id "${it.id}" repeats`);

@@ -18,8 +18,10 @@ export interface EvalReport {
   /** Concrete model entry and build hash the name resolved to, when known. */
   resolved: { target: string; build: string | null } | null;
   calibration: string;
+  /** Option-order debiasing the answers were read under. */
+  debias?: string;
   createdAt: string;
-  options: { limit: number | null; flip: boolean; concurrency: number; data: string[] };
+  options: { limit: number | null; split?: string | null; flip: boolean; concurrency: number; data: string[] };
   summaries: DatasetSummary[];
   runs: DatasetRun[];
   skipped: SkippedFile[];
@@ -199,8 +201,9 @@ export function reportMarkdown(r: EvalReport): string {
   out.push(
     `- model: \`${r.model}\`${r.resolved ? ` → \`${r.resolved.target}\` (build ${r.resolved.build ?? "?"})` : ""}`,
     `- calibration: ${r.calibration}`,
+    `- option-order debiasing: ${r.debias ?? "off"}`,
     `- run at ${r.createdAt}; ${(r.elapsedMs / 1000).toFixed(1)} s; concurrency ${r.options.concurrency}; ` +
-      `limit ${r.options.limit ?? "none"}; option-order flip ${r.options.flip ? "on" : "off"}`,
+      `limit ${r.options.limit ?? "none"}${r.options.split ? `; rows split ${r.options.split}` : ""}; option-order flip ${r.options.flip ? "on" : "off"}`,
     "",
   );
   out.push(summaryTable(r.summaries));
@@ -227,6 +230,7 @@ export function resultsJson(r: EvalReport): string {
         model: r.model,
         resolved: r.resolved,
         calibration: r.calibration,
+        debias: r.debias ?? "off",
         created_at: r.createdAt,
         elapsed_ms: r.elapsedMs,
         options: r.options,

@@ -7,7 +7,7 @@
 import type { CalibrationFit } from "../models/manifest.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
-import { temperatureFor } from "../probability/index.js";
+import { temperatureFor, uncalibrateNoulLogit } from "../probability/index.js";
 import type { Answer, ChoiceQuestion, Question, ScoreQuestion } from "../validate/schema.js";
 import { groupByState, type Dataset, type EvalItem } from "./datasets.js";
 import { argmaxIndex, logSoftmax, unreverseLevel } from "./metrics.js";
@@ -76,7 +76,7 @@ export interface Progress {
 export interface RunOptions {
   pipeline: Pipeline;
   model: string;
-  /** Calibration applied by the pipeline (to recover label log-probabilities). */
+  /** Calibration applied by the pipeline, under its debias mode (to recover label log-probabilities). */
   calibration: CalibrationFit | null;
   /** Requests in flight at once (default 2). */
   concurrency?: number;
@@ -115,6 +115,12 @@ function recoverLogprobs(p: readonly number[], t: number): (number | null)[] {
   return logSoftmax(p.map((x) => t * Math.log(x))).map((x) => (Number.isFinite(x) ? x : null));
 }
 
+/** noul: undo the Platt map (or temperature) on the answer's log-odds. */
+function recoverNoul(p: number, calibration: CalibrationFit | null): (number | null)[] {
+  const z = uncalibrateNoulLogit(Math.log(p) - Math.log1p(-p), calibration);
+  return logSoftmax([z, 0]).map((x) => (Number.isFinite(x) ? x : null));
+}
+
 /** Read an answer back into the item's label order (mapping reversed score levels back). */
 export function readAnswer(item: EvalItem, a: Answer, pass: Pass, calibration: CalibrationFit | null): Readout {
   if (a.type !== item.type) throw new Error(`question "${item.id}": expected a ${item.type} answer, got ${a.type}`);
@@ -126,7 +132,7 @@ export function readAnswer(item: EvalItem, a: Answer, pass: Pass, calibration: C
         pred: a.noul > 0.5,
         confidence: Math.max(a.noul, 1 - a.noul),
         noul: a.noul,
-        labelLogprobs: recoverLogprobs(p, temperatureFor(calibration, "noul", 2)),
+        labelLogprobs: recoverNoul(a.noul, calibration),
       };
     }
     case "choice": {

@@ -21,6 +21,12 @@ export interface EncodedQuestion {
   labels: number[][];
   /** Token that ends the answer (end of turn); used only when labels nest. */
   terminator: number;
+  /**
+   * Whether the suffix counts in `promptTokens` (default true). The engine's
+   * own extra presentations of a question (option-order debiasing) are
+   * branches like any other but are not charged: the caller asked one question.
+   */
+  billed?: boolean;
 }
 
 /** What the worker feeds to the graph: exactly the graph's inputs. */
@@ -48,7 +54,7 @@ export interface PackedTensors {
 export interface PackedRequest extends PackedTensors {
   /** Per question, per label: flat indices into the [rows, width] output. */
   readout: number[][][];
-  /** Tokens of prefix + suffixes: what `usage.input_tokens` counts. */
+  /** Tokens of prefix + billed suffixes: what `usage.input_tokens` counts. */
   promptTokens: number;
   prefixLength: number;
 }
@@ -107,7 +113,7 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
       pos.push(prefix.length + i);
       end.push(-2); // block end, patched below
     }
-    promptTokens += q.suffix.length;
+    if (q.billed !== false) promptTokens += q.suffix.length;
     const { root, nested } = buildTrie(q.labels);
     root.seq = ids.length - 1;
     const rootPos = prefix.length + q.suffix.length - 1;

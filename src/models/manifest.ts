@@ -1,13 +1,26 @@
 import fs from "node:fs";
 import path from "node:path";
 import { z } from "zod";
+import { ROOT } from "../config/index.js";
 
-/** Temperature per question type and option count; identity until fitted. */
-export const CalibrationFit = z.object({
+/**
+ * Calibration maps for one model build; identity until fitted. The maps and
+ * why each type gets the one it gets: src/probability/calibration.ts.
+ * Loose: families add sections of their own (e.g. a recall adjustment) and
+ * the keys this schema does not name are kept as they are.
+ */
+export const CalibrationFit = z.looseObject({
   build_hash: z.string(),
   fitted_at: z.string(),
+  /** Build name in models.json and its folder, to name the build a file is meant for. */
+  build: z.string().optional(),
+  dir: z.string().optional(),
   /** key: `${type}:${k}` (e.g. "noul:2", "choice:4") or `${type}:*` as fallback. */
   temperatures: z.record(z.string(), z.number().positive()),
+  /** Platt scaling σ(a·z + b) on yes/no log-odds z, keyed like temperatures ("noul:2", "factcheck:noul"); a > 0. */
+  platt: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
+  /** ASSAY_DEBIAS mode the choice/score temperatures were fitted under. */
+  debias: z.string().optional(),
   data: z.array(z.string()).default([]),
 });
 export type CalibrationFit = z.infer<typeof CalibrationFit>;
@@ -39,17 +52,74 @@ export interface ModelBuild {
   tokenizerConfig: string;
 }
 
-export function readBuild(dir: string): ModelBuild {
+/** models/calibration/ in the repository: the fits shipped for the default builds. */
+export const CALIBRATION_DIR = path.join(ROOT, "models", "calibration");
+
+/** Read and validate one calibration file. */
+export function readCalibrationFile(file: string): CalibrationFit {
+  const parsed = CalibrationFit.safeParse(JSON.parse(fs.readFileSync(file, "utf8")));
+  if (!parsed.success) throw new Error(`${file}: not a calibration fit: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
+  return parsed.data;
+}
+
+/**
+ * A calibration fit for exactly this build, or a clear error: fits are
+ * refused for any build other than the one they were fitted on.
+ */
+export function checkCalibration(fit: CalibrationFit, manifest: Pick<Manifest, "build_hash" | "name">, source: string): CalibrationFit {
+  if (fit.build_hash !== manifest.build_hash) {
+    throw new Error(
+      `${source} was fitted on model build ${fit.build_hash}${fit.build ? ` ("${fit.build}")` : ""}, ` +
+        `not on the loaded build ${manifest.build_hash} (${manifest.name}); refit it with \`assay calibrate\``,
+    );
+  }
+  return fit;
+}
+
+export interface ReadBuildOptions {
+  /** Where shipped fits are looked up (default models/calibration/). */
+  calibrationDir?: string;
+  /** Told about a fit that is present but refused (another build). Default: a process warning. */
+  warn?: (message: string) => void;
+}
+
+/**
+ * The fit to use for an exported build, from (last wins): the manifest's own,
+ * a shipped file in `calibrationDir` with this build hash, and a
+ * `calibration.json` beside the manifest. A file that names this build's
+ * folder but carries another hash is refused with a warning (identity, or
+ * the manifest's own fit, is used): the weights changed since it was fitted.
+ */
+function findCalibration(dir: string, manifest: Manifest, opts: ReadBuildOptions): CalibrationFit | null {
+  const warn = opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_CALIBRATION_MISMATCH" }));
+  let fit = manifest.calibration;
+  const calDir = opts.calibrationDir ?? CALIBRATION_DIR;
+  const candidates: string[] = [];
+  if (fs.existsSync(calDir)) {
+    for (const f of fs.readdirSync(calDir).sort()) if (f.endsWith(".json")) candidates.push(path.join(calDir, f));
+  }
+  const beside = path.join(dir, "calibration.json");
+  if (fs.existsSync(beside)) candidates.push(beside);
+  for (const file of candidates) {
+    let c: CalibrationFit;
+    try {
+      c = readCalibrationFile(file);
+    } catch (e) {
+      warn(`calibration ignored: ${e instanceof Error ? e.message : String(e)}`);
+      continue;
+    }
+    const meant = file === beside || (c.dir !== undefined && path.basename(c.dir) === path.basename(dir));
+    if (c.build_hash === manifest.build_hash) fit = c;
+    else if (meant) warn(`calibration ${file} refused for ${dir}: fitted on build ${c.build_hash}, this is ${manifest.build_hash}; answers are uncalibrated`);
+  }
+  return fit;
+}
+
+export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild {
   const file = path.join(dir, "manifest.json");
   if (!fs.existsSync(file)) throw new Error(`no exported model in ${dir} (manifest.json missing); run npm run prepare-models`);
   const manifest = Manifest.parse(JSON.parse(fs.readFileSync(file, "utf8")));
-  // A separately fitted calibration file overrides the one in the manifest,
-  // but only for the build it was fitted on.
-  const calFile = path.join(dir, "calibration.json");
-  if (fs.existsSync(calFile)) {
-    const fit = CalibrationFit.parse(JSON.parse(fs.readFileSync(calFile, "utf8")));
-    if (fit.build_hash === manifest.build_hash) manifest.calibration = fit;
-  }
+  manifest.calibration = findCalibration(dir, manifest, opts);
   return {
     dir,
     manifest,

@@ -2,11 +2,11 @@ import type { Config } from "../config/index.js";
 import { AssayError, invalid } from "../errors/catalogue.js";
 import { readBuild, type ModelBuild } from "../models/manifest.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
-import { buildPrompt, styleFromTemplate, type PromptStyle } from "../prompt/index.js";
+import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, styleFromTemplate, type Debias, type PromptStyle } from "../prompt/index.js";
 import { TextTokenizer } from "../tokenizer/index.js";
 import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import { InferencePool } from "../inference/pool.js";
-import { answer } from "../probability/index.js";
+import { answer, averageReadings, calibrationForMode } from "../probability/index.js";
 import {
   describeZodError,
   generalQuestions,
@@ -46,12 +46,32 @@ export interface PreparedQuestion {
   levels?: string[];
   /** Option index of each label read (several surface forms may share one). */
   option: number[];
+  /**
+   * Packed blocks holding this question's presentations (one unless the
+   * options are shown in several orders, see ASSAY_DEBIAS); their readings
+   * are averaged. Absent: the question's own index.
+   */
+  blocks?: number[];
 }
 
 export interface PreparedRequest {
   packed: PackedRequest;
   questions: PreparedQuestion[];
+  /**
+   * Option-order debiasing asked for (a long request may have been packed
+   * with fewer presentations than `maxShifts`, see `prepare`).
+   */
+  debias?: Debias;
+  /** What it was prepared from, so that it can be packed again another way. */
+  source?: { state: State; questions: Record<string, Question> };
 }
+
+/** ASSAY_DEBIAS / ASSAY_DEBIAS_MAX_SHIFTS as the prompt layer takes them. */
+export function debiasOf(config: Pick<Config, "debias"> & { debiasMaxShifts?: number }): Debias {
+  return config.debias === "off" ? NO_DEBIAS : { mode: config.debias, maxShifts: config.debiasMaxShifts ?? DEFAULT_DEBIAS.maxShifts };
+}
+
+const sameDebias = (a: Debias | undefined, b: Debias) => a !== undefined && a.mode === b.mode && (a.mode === "off" || a.maxShifts === b.maxShifts);
 
 /** Per option, the log of the summed probability of its labels. */
 export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[]): number[] {
@@ -65,10 +85,26 @@ export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[]):
   return out;
 }
 
-/** Prompt → tokens → packed sequence. Pure given the build; used by the bench too. */
-export function prepare(lb: LoadedBuild, state: State, questions: Record<string, Question>, timings?: Timings): PreparedRequest {
+/**
+ * Prompt → tokens → packed sequence. Pure given the build; used by the bench too.
+ * `debias` (default: the configuration's default) adds each question's other
+ * presentations as unbilled branches; when `maxTokens` is given and the
+ * packed sequence would exceed it, fewer presentations are used (down to one,
+ * which under `cyclic` is still the canonical order), never a longer request.
+ */
+export function prepare(
+  lb: LoadedBuild,
+  state: State,
+  questions: Record<string, Question>,
+  timings?: Timings,
+  opts: { debias?: Debias; maxTokens?: number } = {},
+): PreparedRequest {
   const t0 = performance.now();
-  const prompt = buildPrompt(lb.style, state, questions);
+  const requested = opts.debias ?? DEFAULT_DEBIAS;
+  // Callers that give no limit get the model's context, capped at the default ASSAY_MAX_PACKED_TOKENS.
+  const maxTokens = opts.maxTokens ?? Math.min(lb.build.manifest.context_length, DEFAULT_MAX_PACKED_TOKENS);
+  let debias = requested;
+  let prompt = buildPrompt(lb.style, state, questions, debias);
   const t1 = performance.now();
   const labelIds = (label: string): number[] => {
     let ids = lb.labelCache.get(label);
@@ -79,22 +115,37 @@ export function prepare(lb: LoadedBuild, state: State, questions: Record<string,
     return ids;
   };
   const prefix = lb.tokenizer.encode(prompt.prefix);
-  const encoded: EncodedQuestion[] = prompt.questions.map((q) => ({
-    suffix: lb.tokenizer.encode(q.suffix),
-    labels: q.labels.map(labelIds),
-    terminator: lb.terminator,
-  }));
-  const packed = pack(prefix, encoded);
+  let packed: PackedRequest;
+  let blocks: number[][];
+  for (;;) {
+    const encoded: EncodedQuestion[] = [];
+    blocks = [];
+    for (const q of prompt.questions) {
+      const labels = q.labels.map(labelIds);
+      const mine = [encoded.length];
+      encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator });
+      for (const v of q.variants ?? []) {
+        mine.push(encoded.length);
+        encoded.push({ suffix: lb.tokenizer.encode(v), labels, terminator: lb.terminator, billed: false });
+      }
+      blocks.push(mine);
+    }
+    packed = pack(prefix, encoded);
+    if (encoded.length === prompt.questions.length || debias.maxShifts <= 1 || packed.inputIds.length <= maxTokens) break;
+    debias = { ...debias, maxShifts: Math.floor(debias.maxShifts / 2) };
+    prompt = buildPrompt(lb.style, state, questions, debias);
+  }
   const t2 = performance.now();
   timings?.add("prompt", t1 - t0);
   timings?.add("tokenize", t2 - t1);
   return {
     packed,
-    questions: prompt.questions.map((q) => {
+    debias: requested,
+    source: { state, questions },
+    questions: prompt.questions.map((q, i) => {
       const src = questions[q.id]!;
-      return src.type === "score"
-        ? { id: q.id, type: q.type, keys: q.keys, levels: src.criteria, option: q.option }
-        : { id: q.id, type: q.type, keys: q.keys, option: q.option };
+      const base = { id: q.id, type: q.type, keys: q.keys, option: q.option, blocks: blocks[i]! };
+      return src.type === "score" ? { ...base, levels: src.criteria } : base;
     }),
   };
 }
@@ -189,6 +240,14 @@ export class EnginePipeline implements Pipeline {
   }
 
   private async score(lb: LoadedBuild, prepared: PreparedRequest, ctx: PipelineContext): Promise<Record<string, Answer>> {
+    const debias = debiasOf(this.config);
+    if (!sameDebias(prepared.debias, debias) && prepared.source) {
+      // Prepared under another debias setting than this deployment's (a
+      // caller that did not pass it): pack again. Billing keeps the count the
+      // caller already admitted.
+      const limit = Math.min(this.config.maxPackedTokens, lb.build.manifest.context_length);
+      prepared = prepare(lb, prepared.source.state, prepared.source.questions, undefined, { debias, maxTokens: limit });
+    }
     const q0 = performance.now();
     const out = await this.pool.infer(lb.build.onnxPath, prepared.packed, ctx.signal);
     const total = performance.now() - q0;
@@ -197,12 +256,14 @@ export class EnginePipeline implements Pipeline {
     const t = performance.now();
     const lps = readLabels(prepared.packed, out.logprobs);
     const answers: Record<string, Answer> = {};
+    const fit = calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off");
     prepared.questions.forEach((q, i) => {
-      const lp = optionLogprobs(q, lps[i]!);
-      if (lp.some((x) => !Number.isFinite(x))) {
+      const readings = (q.blocks ?? [i]).map((b) => optionLogprobs(q, lps[b]!));
+      if (readings.some((lp) => lp.some((x) => !Number.isFinite(x)))) {
         throw new AssayError("MODEL_FAILED", `the model returned non-finite log-probabilities for question "${q.id}"`);
       }
-      answers[q.id] = answer(q, lp, lb.build.manifest.calibration);
+      const lp = readings.length === 1 ? readings[0]! : averageReadings(readings);
+      answers[q.id] = answer(q, lp, fit);
     });
     ctx.timings.add("probability", performance.now() - t);
     return answers;

@@ -1,5 +1,8 @@
 import type { Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer } from "../validate/schema.js";
 import type { CalibrationFit } from "../models/manifest.js";
+import { calibrateNoul, type CalibrationMaps } from "./calibration.js";
+
+export * from "./calibration.js";
 
 /**
  * Log-probabilities of each question's labels → the spec's answers.
@@ -52,14 +55,30 @@ export function scoreConfidence(p: readonly number[]): number {
   return Math.min(1, Math.max(0, 1 - spread / uniform));
 }
 
-export function temperatureFor(fit: CalibrationFit | null | undefined, type: string, k: number): number {
-  if (!fit) return 1;
+export function temperatureFor(fit: CalibrationMaps | null | undefined, type: string, k: number): number {
+  if (!fit?.temperatures) return 1;
   return fit.temperatures[`${type}:${k}`] ?? fit.temperatures[`${type}:*`] ?? 1;
 }
 
-export function noulAnswer(lp: readonly number[], t = 1): NoulAnswer {
-  // labels are [yes, no]
-  return { type: "noul", noul: softmax(lp, t)[0]! };
+/**
+ * The maps that apply when answers are read under `debias`: a fit records
+ * the debias mode its choice/score temperatures were fitted under, and
+ * averaged readings are flatter than single ones, so those temperatures are
+ * dropped (identity) under another mode. noul maps do not depend on it.
+ */
+export function calibrationForMode(fit: CalibrationFit | null | undefined, debias: string): CalibrationFit | null {
+  if (!fit) return null;
+  if (fit.debias === undefined || fit.debias === debias) return fit;
+  const temperatures: Record<string, number> = {};
+  for (const [k, t] of Object.entries(fit.temperatures)) if (k.startsWith("noul:")) temperatures[k] = t;
+  return { ...fit, temperatures };
+}
+
+/** labels are [yes, no]; without a fit (or with a temperature only) this is softmax(lp / T)[yes]. */
+export function noulAnswer(lp: readonly number[], fit?: CalibrationMaps | null, key = "noul:2"): NoulAnswer {
+  const z = lp[0]! - lp[1]!;
+  if (Number.isNaN(z)) return { type: "noul", noul: softmax(lp)[0]! };
+  return { type: "noul", noul: calibrateNoul(z, fit, key) };
 }
 
 export function choiceAnswer(keys: readonly string[], lp: readonly number[], t = 1): ChoiceAnswer {
@@ -89,11 +108,11 @@ export interface QuestionReadout {
   levels?: readonly string[];
 }
 
-export function answer(q: QuestionReadout, lp: readonly number[], fit: CalibrationFit | null | undefined): Answer {
+export function answer(q: QuestionReadout, lp: readonly number[], fit: CalibrationMaps | null | undefined): Answer {
   const t = temperatureFor(fit, q.type, lp.length);
   switch (q.type) {
     case "noul":
-      return noulAnswer(lp, t);
+      return noulAnswer(lp, fit);
     case "choice":
       return choiceAnswer(q.keys, lp, t);
     case "score":

@@ -30,6 +30,12 @@ export interface QuestionPrompt {
   option: number[];
   /** The option keys (choice), level numbers (score) or true/false (noul), in option order. */
   keys: string[];
+  /**
+   * Suffixes of the question's other presentations (options shown in other
+   * orders, see `presentationOrders`), read over the same labels; absent
+   * when the question is asked once.
+   */
+  variants?: string[];
 }
 
 export interface RequestPrompt {
@@ -85,7 +91,12 @@ function optionQuestion(style: PromptStyle, id: string, type: "choice" | "score"
   };
 }
 
-export function buildQuestion(style: PromptStyle, id: string, q: Question): QuestionPrompt {
+/**
+ * One question's prompt. `order` lists the option (or level) indices in the
+ * order they are shown; labels, keys and option indices never move, so every
+ * presentation of a question is read back over the same labels.
+ */
+export function buildQuestion(style: PromptStyle, id: string, q: Question, order?: readonly number[]): QuestionPrompt {
   const ask = q.instructions?.trim();
   switch (q.type) {
     case "noul": {
@@ -108,7 +119,8 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
     case "choice": {
       const keys = Object.keys(q.criteria);
       const lines = [`Question: ${ask && ask.length > 0 ? ask : "Which option fits the state best?"}`, "Options:"];
-      for (const k of keys) {
+      for (const i of order ?? keys.map((_, j) => j)) {
+        const k = keys[i]!;
         const d = q.criteria[k];
         lines.push(d === null || d === undefined || d === k ? `- ${k}` : `- ${k}: ${d}`);
       }
@@ -116,29 +128,90 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question): Ques
       return optionQuestion(style, id, "choice", lines, keys);
     }
     case "score": {
+      const shown = order ?? q.criteria.map((_, i) => i);
+      const descending = shown.length > 1 && shown.every((i, j) => i === shown.length - 1 - j);
       const lines = [
         `Question: ${ask && ask.length > 0 ? ask : "Where does the state fall on this scale?"}`,
-        "Levels, from lowest to highest:",
+        descending ? "Levels, from highest to lowest:" : "Levels, from lowest to highest:",
       ];
       const numbers = q.criteria.map((_, i) => String(i));
       if (!shortNames(q.criteria)) {
-        q.criteria.forEach((text, i) => lines.push(`${i}: ${text}`));
+        for (const i of shown) lines.push(`${i}: ${q.criteria[i]!}`);
         lines.push("Answer with the level number only.");
         return optionQuestion(style, id, "score", lines, numbers);
       }
       // Short, distinct level names are read as the answer itself: a small
       // model picks a number by habit (measured on SST-5: the same number for
       // every review), while it reads "very negative" … "very positive" by meaning.
-      q.criteria.forEach((text) => lines.push(`- ${text}`));
+      for (const i of shown) lines.push(`- ${q.criteria[i]!}`);
       lines.push("Answer with the level name only.");
       return { ...optionQuestion(style, id, "score", lines, q.criteria), keys: numbers };
     }
   }
 }
 
-export function buildPrompt(style: PromptStyle, state: State, questions: Record<string, Question>): RequestPrompt {
+/**
+ * Option-order debiasing (ASSAY_DEBIAS). A question is asked once per
+ * presentation order, as extra branches of the same packed pass, and its
+ * readings are averaged (src/probability `averageReadings`).
+ *
+ * - `choice`: the options are first put in a canonical order (by key, code
+ *   unit order), then shown in `m = min(k, maxShifts)` cyclic shifts of it,
+ *   spread evenly (shift ⌊j·k/m⌋). The set of presentations depends only on
+ *   the set of options, so the answer cannot depend on the order the caller
+ *   wrote them in; with m = k every option visits every position once, which
+ *   cancels a bias that the model adds to a position.
+ * - `score`: levels are ordered by meaning, so they are not rotated; they are
+ *   shown low → high and high → low (m ≥ 2), which cancels a lean towards
+ *   the first or last listed level.
+ * - `noul`: one presentation (yes/no have no order to remove).
+ */
+export interface Debias {
+  mode: "off" | "cyclic";
+  /** Presentations per question at most (≥ 1). */
+  maxShifts: number;
+}
+
+export const NO_DEBIAS: Debias = Object.freeze({ mode: "off", maxShifts: 1 });
+
+/**
+ * The default (ASSAY_DEBIAS=cyclic, ASSAY_DEBIAS_MAX_SHIFTS=8; the figures
+ * behind it are in bench/RESULTS.md, issue 6). Eight presentations cover every
+ * position of up to 8 options; a question with more gets 8 evenly spread shifts.
+ */
+export const DEFAULT_DEBIAS: Debias = Object.freeze({ mode: "cyclic", maxShifts: 8 });
+
+/** ASSAY_MAX_PACKED_TOKENS' default, for callers of `prepare` that give no limit. */
+export const DEFAULT_MAX_PACKED_TOKENS = 8192;
+
+/** The orders a question is shown in under `debias`; the first one is the one billed. */
+export function presentationOrders(q: Question, debias: Debias): number[][] {
+  if (q.type === "noul") return [[]];
+  const k = q.type === "choice" ? Object.keys(q.criteria).length : q.criteria.length;
+  const natural = Array.from({ length: k }, (_, i) => i);
+  if (debias.mode === "off") return [natural];
+  const m = Math.max(1, Math.min(k, Math.floor(debias.maxShifts)));
+  if (q.type === "score") return m >= 2 ? [natural, [...natural].reverse()] : [natural];
+  const keys = Object.keys(q.criteria);
+  const canon = [...natural].sort((a, b) => (keys[a]! < keys[b]! ? -1 : keys[a]! > keys[b]! ? 1 : 0));
+  return Array.from({ length: m }, (_, j) => {
+    const off = Math.floor((j * k) / m);
+    return canon.map((_, i) => canon[(i + off) % k]!);
+  });
+}
+
+export function buildPrompt(
+  style: PromptStyle,
+  state: State,
+  questions: Record<string, Question>,
+  debias: Debias = NO_DEBIAS,
+): RequestPrompt {
   return {
     prefix: buildPrefix(style, state),
-    questions: Object.entries(questions).map(([id, q]) => buildQuestion(style, id, q)),
+    questions: Object.entries(questions).map(([id, q]) => {
+      const [first, ...rest] = presentationOrders(q, debias);
+      const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first);
+      return rest.length === 0 ? main : { ...main, variants: rest.map((o) => buildQuestion(style, id, q, o).suffix) };
+    }),
   };
 }

@@ -1,0 +1,192 @@
+/**
+ * `assay calibrate --model NAME --data FILE... [--limit N] [--split P/N] [--folds K] [--out FILE]`
+ *
+ * Runs labelled dev sets through the engine in-process with identity
+ * calibration (the same EnginePipeline and eval runner as `assay eval`,
+ * under the configured option-order debiasing), fits a map per question type
+ * and option count (src/eval/calibrate.ts), prints K-fold cross-validated
+ * ECE before and after, and writes the fit with the model's build hash to
+ * models/calibration/<build>.json, which the loader applies to that build
+ * only. Sections of an existing file that this command does not fit (other
+ * families' keys and maps) are kept.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { InvalidArgumentError, type Command } from "commander";
+import { loadConfig } from "../config/index.js";
+import { EnginePipeline } from "../pipeline/index.js";
+import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/manifest.js";
+import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
+import { runDatasets } from "../eval/runner.js";
+import { crossValidate, crossValidationTable, fitItems, fitMaps, type CrossValidation, type FitItem } from "../eval/calibrate.js";
+import type { CliIO } from "./keys.js";
+
+export interface CalibrateCliOptions {
+  model: string;
+  data: string[];
+  limit?: number;
+  split?: Split;
+  folds: number;
+  out?: string;
+  write: boolean;
+  debias?: "off" | "cyclic";
+  shifts?: number;
+  concurrency: number;
+  /** Also write the fit items (label log-probabilities, gold) here. */
+  readouts?: string;
+}
+
+export interface CalibrateResult {
+  fit: CalibrationFit;
+  file: string | null;
+  crossValidation: CrossValidation[];
+  items: FitItem[];
+}
+
+const positiveInt = (name: string) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
+  return n;
+};
+
+/**
+ * The new fit merged into an existing file for the same build: maps under
+ * keys fitted now are replaced, everything else (other keys, other
+ * families' sections) is kept. A file for another build is replaced whole.
+ */
+export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): CalibrationFit {
+  if (!existing || existing.build_hash !== fit.build_hash) return fit;
+  return {
+    ...existing,
+    ...fit,
+    temperatures: { ...existing.temperatures, ...fit.temperatures },
+    platt: { ...(existing.platt ?? {}), ...(fit.platt ?? {}) },
+    data: [...new Set([...fit.data])],
+  };
+}
+
+export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Promise<CalibrateResult> {
+  const datasets: Dataset[] = [];
+  for (const file of opts.data) {
+    try {
+      datasets.push(readDataset(file, opts.limit, opts.split));
+    } catch (e) {
+      if (!(e instanceof UnsupportedDataset)) throw e;
+      io.stderr(`assay calibrate: skipping ${e.message}\n`);
+    }
+  }
+  if (datasets.length === 0) throw new Error("no dataset to fit on");
+
+  const config = loadConfig(io.env, {
+    ...(opts.debias !== undefined ? { debias: opts.debias } : {}),
+    ...(opts.shifts !== undefined ? { debiasMaxShifts: opts.shifts } : {}),
+  });
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  try {
+    if (!pipeline.registry.has(opts.model)) {
+      throw new Error(`unknown model "${opts.model}"; available models: ${pipeline.registry.names().join(", ")}`);
+    }
+    const resolved = pipeline.registry.resolve(opts.model);
+    if (resolved.family !== "general") throw new Error(`model "${opts.model}" is a ${resolved.family} model; calibrate fits general models`);
+    const lb = pipeline.build(opts.model);
+    const manifest = lb.build.manifest;
+    // Fit on the model's own readings: the loaded fit is set aside for the run.
+    const shipped = manifest.calibration;
+    manifest.calibration = null;
+    let runs;
+    try {
+      runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
+    } finally {
+      manifest.calibration = shipped;
+    }
+    const items = fitItems(runs);
+    const failed = runs.reduce((n, r) => n + r.items.filter((i) => i.main === null).length, 0);
+    if (failed > 0) io.stderr(`assay calibrate: ${failed} items got no answer and are left out\n`);
+    if (opts.readouts) {
+      fs.mkdirSync(path.dirname(path.resolve(opts.readouts)), { recursive: true });
+      fs.writeFileSync(opts.readouts, JSON.stringify(items));
+    }
+    const cv = crossValidate(items, opts.folds);
+    const maps = fitMaps(items);
+    const limitNote = `${opts.limit !== undefined ? ` --limit ${opts.limit}` : ""}${opts.split ? ` --split ${opts.split.part}/${opts.split.of}` : ""}`;
+    const fit = CalibrationFit.parse({
+      build_hash: manifest.build_hash,
+      fitted_at: new Date().toISOString(),
+      build: resolved.build,
+      dir: path.basename(lb.build.dir),
+      debias: config.debias,
+      debias_max_shifts: config.debiasMaxShifts,
+      temperatures: maps.temperatures,
+      platt: maps.platt,
+      data: datasets.map((d) => `${path.basename(d.file)} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
+      cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after })),
+    });
+    io.stdout(crossValidationTable(cv, opts.folds));
+    io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\n`);
+    let file: string | null = null;
+    if (opts.write) {
+      file = opts.out ?? path.join(CALIBRATION_DIR, `${resolved.build}.json`);
+      const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+      if (existing && existing.build_hash !== fit.build_hash) {
+        io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
+      }
+      const merged = mergeFit(existing, fit);
+      fs.mkdirSync(path.dirname(file), { recursive: true });
+      fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
+      io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${config.debias})\n`);
+    }
+    return { fit, file, crossValidation: cv, items };
+  } finally {
+    await pipeline.close();
+  }
+}
+
+export function registerCalibrateCommand(program: Command, io: CliIO): void {
+  program
+    .command("calibrate")
+    .description("fit calibration for a model build from labelled JSONL dev sets; prints cross-validated ECE before and after")
+    .option("--model <name>", "public model name", "judge-latest")
+    .requiredOption("--data <files...>", "dataset files (JSONL: noul, choice, score, fact check formats)")
+    .option("--limit <n>", "at most N rows per file, evenly spaced", positiveInt("--limit"))
+    .option("--split <part/parts>", "only rows i with i mod PARTS = PART (e.g. 0/2 to fit, 1/2 to evaluate)", parseSplit)
+    .option("--folds <k>", "cross-validation folds", positiveInt("--folds"), 5)
+    .option("--out <file>", "where to write the fit (default models/calibration/<build>.json)")
+    .option("--no-write", "print the fit and its cross-validation only")
+    .option("--debias <mode>", "off | cyclic (default: ASSAY_DEBIAS)")
+    .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
+    .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
+    .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
+    .action(
+      async (o: {
+        model: string;
+        data: string[];
+        limit?: number;
+        split?: Split;
+        folds: number;
+        out?: string;
+        write: boolean;
+        debias?: string;
+        shifts?: number;
+        concurrency: number;
+        readouts?: string;
+      }) => {
+        if (o.debias !== undefined && o.debias !== "off" && o.debias !== "cyclic") throw new Error(`--debias must be off or cyclic, got "${o.debias}"`);
+        await calibrateCommand(
+          {
+            model: o.model,
+            data: o.data,
+            folds: o.folds,
+            write: o.write,
+            concurrency: o.concurrency,
+            ...(o.limit !== undefined ? { limit: o.limit } : {}),
+            ...(o.split !== undefined ? { split: o.split } : {}),
+            ...(o.out !== undefined ? { out: o.out } : {}),
+            ...(o.debias !== undefined ? { debias: o.debias } : {}),
+            ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
+            ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
+          },
+          io,
+        );
+      },
+    );
+}

@@ -1,0 +1,170 @@
+/**
+ * Fitting calibration maps from evaluated dev sets, and K-fold
+ * cross-validated ECE before and after. Pure functions over readouts taken
+ * with identity calibration (see `assay calibrate`).
+ *
+ * Keys follow `temperatureFor`: a map per `type:k` present in the data, and
+ * a `type:*` fallback fitted on every item of that type, for option counts
+ * the dev sets do not have. noul gets Platt scaling, choice and score a
+ * temperature (src/probability/calibration.ts says why).
+ */
+import type { CalibrationMaps, Platt } from "../probability/index.js";
+import { calibrateNoul, fitPlatt, fitTemperature, softmax, temperatureFor } from "../probability/index.js";
+import { argmaxIndex, reliability, mean } from "./metrics.js";
+import type { DatasetRun } from "./runner.js";
+import type { TaskType } from "./datasets.js";
+
+/** One answered item as the fit sees it: label log-probabilities (identity calibration) and the gold label's index. */
+export interface FitItem {
+  dataset: string;
+  type: TaskType;
+  /** noul: [yes, no]; choice: options in dataset order; score: levels low → high. */
+  lp: number[];
+  gold: number;
+}
+
+/** Label log-probabilities below this are floored (an underflowed probability reads as null). */
+const FLOOR = -1000;
+
+/** Items of evaluated runs (main pass, identity calibration) for fitting. */
+export function fitItems(runs: readonly DatasetRun[]): FitItem[] {
+  const out: FitItem[] = [];
+  for (const run of runs) {
+    const ds = run.dataset;
+    run.dataset.items.forEach((it, i) => {
+      const r = run.items[i]!;
+      if (!r.main) return;
+      const lp = r.main.labelLogprobs.map((x) => x ?? FLOOR);
+      let gold: number;
+      switch (it.type) {
+        case "noul":
+          gold = it.gold ? 0 : 1;
+          break;
+        case "choice":
+          gold = it.options.indexOf(it.gold);
+          break;
+        case "score":
+          gold = it.gold;
+          break;
+      }
+      out.push({ dataset: ds.name, type: ds.task, lp, gold });
+    });
+  }
+  return out;
+}
+
+const keyOf = (it: FitItem) => `${it.type}:${it.lp.length}`;
+
+/** Fits every map the items support: per `type:k`, plus `type:*` for choice and score. */
+export function fitMaps(items: readonly FitItem[]): { temperatures: Record<string, number>; platt: Record<string, Platt> } {
+  const temperatures: Record<string, number> = {};
+  const platt: Record<string, Platt> = {};
+  const byKey = new Map<string, FitItem[]>();
+  for (const it of items) byKey.set(keyOf(it), [...(byKey.get(keyOf(it)) ?? []), it]);
+  for (const [key, group] of [...byKey].sort(([a], [b]) => (a < b ? -1 : 1))) {
+    if (group[0]!.type === "noul") platt[key] = fitPlatt(group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0 })));
+    else temperatures[key] = fitTemperature(group);
+  }
+  for (const type of ["choice", "score"] as const) {
+    const all = items.filter((it) => it.type === type);
+    if (all.length > 0) temperatures[`${type}:*`] = fitTemperature(all);
+  }
+  return { temperatures, platt };
+}
+
+/** Probabilities of an item's labels under the maps (identity when `maps` is null). */
+export function applyMaps(it: FitItem, maps: CalibrationMaps | null): number[] {
+  if (it.type === "noul") {
+    const p = calibrateNoul(it.lp[0]! - it.lp[1]!, maps, keyOf(it));
+    return [p, 1 - p];
+  }
+  return softmax(it.lp, temperatureFor(maps, it.type, it.lp.length));
+}
+
+export interface CalibrationScore {
+  n: number;
+  accuracy: number | null;
+  /** 15 equal-width bins over the predicted class's probability. */
+  ece: number | null;
+  /** Mean negative log-likelihood of the gold label. */
+  nll: number | null;
+}
+
+/** ECE, accuracy and NLL of probability vectors against gold indices (noul: class = p(yes) > 0.5, as in eval). */
+export function scoreProbabilities(type: TaskType, probs: readonly number[][], gold: readonly number[], nBins = 15): CalibrationScore {
+  const conf: number[] = [];
+  const correct: boolean[] = [];
+  const nll: number[] = [];
+  probs.forEach((p, i) => {
+    const pred = type === "noul" ? (p[0]! > 0.5 ? 0 : 1) : argmaxIndex(p);
+    conf.push(p[pred]!);
+    correct.push(pred === gold[i]);
+    nll.push(-Math.log(Math.max(p[gold[i]!]!, 1e-300)));
+  });
+  return {
+    n: probs.length,
+    accuracy: mean(correct.map((c) => (c ? 1 : 0))),
+    ece: reliability(conf, correct, nBins).ece,
+    nll: mean(nll),
+  };
+}
+
+export interface CrossValidation {
+  dataset: string;
+  type: TaskType;
+  key: string;
+  before: CalibrationScore;
+  /** Out-of-fold: each item scored by maps fitted on the other folds. */
+  after: CalibrationScore;
+}
+
+/**
+ * K-fold cross-validation: items are dealt to folds round-robin within each
+ * dataset (the sets are sorted by label, so folds stay balanced); each fold
+ * is scored with maps fitted on all the other folds of every dataset.
+ */
+export function crossValidate(items: readonly FitItem[], folds = 5): CrossValidation[] {
+  const fold = new Map<FitItem, number>();
+  const seen = new Map<string, number>();
+  for (const it of items) {
+    const n = seen.get(it.dataset) ?? 0;
+    fold.set(it, n % folds);
+    seen.set(it.dataset, n + 1);
+  }
+  const oof = new Map<FitItem, number[]>();
+  for (let f = 0; f < folds; f++) {
+    const train = items.filter((it) => fold.get(it) !== f);
+    const test = items.filter((it) => fold.get(it) === f);
+    if (test.length === 0) continue;
+    const maps = fitMaps(train);
+    for (const it of test) oof.set(it, applyMaps(it, maps));
+  }
+  const out: CrossValidation[] = [];
+  for (const ds of seen.keys()) {
+    const mine = items.filter((it) => it.dataset === ds);
+    const type = mine[0]!.type;
+    const gold = mine.map((it) => it.gold);
+    out.push({
+      dataset: ds,
+      type,
+      key: keyOf(mine[0]!),
+      before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
+      after: scoreProbabilities(type, mine.map((it) => oof.get(it)!), gold),
+    });
+  }
+  return out;
+}
+
+/** The cross-validation table printed by `assay calibrate`. */
+export function crossValidationTable(rows: readonly CrossValidation[], folds: number): string {
+  const f = (x: number | null) => (x === null ? "–" : x.toFixed(3));
+  const lines = [
+    `| dataset | key | n | accuracy before | accuracy after (${folds}-fold) | ECE before | ECE after (${folds}-fold) | NLL before | NLL after |`,
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ...rows.map(
+      (r) =>
+        `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.after.accuracy)} | ${f(r.before.ece)} | ${f(r.after.ece)} | ${f(r.before.nll)} | ${f(r.after.nll)} |`,
+    ),
+  ];
+  return lines.join("\n") + "\n";
+}
