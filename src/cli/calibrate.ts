@@ -15,11 +15,21 @@ import path from "node:path";
 import { InvalidArgumentError, type Command } from "commander";
 import { loadConfig } from "../config/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
-import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/manifest.js";
+import { CALIBRATION_DIR, CalibrationFit, readBuild, readCalibrationFile } from "../models/manifest.js";
+import { ModelRegistry } from "../models/registry.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
 import { runDatasets } from "../eval/runner.js";
-import { crossValidate, crossValidationTable, fitItems, fitMaps, type CrossValidation, type FitItem } from "../eval/calibrate.js";
+import {
+  crossValidate,
+  crossValidationTable,
+  fitItems,
+  fitItemsFromResults,
+  fitMaps,
+  type CrossValidation,
+  type FitItem,
+} from "../eval/calibrate.js";
 import type { CliIO } from "./keys.js";
+import { calibrateFamilyCommand } from "./calibrate-family.js";
 
 export interface CalibrateCliOptions {
   model: string;
@@ -34,6 +44,8 @@ export interface CalibrateCliOptions {
   concurrency: number;
   /** Also write the fit items (label log-probabilities, gold) here. */
   readouts?: string;
+  /** Fit on the main pass of `assay eval … --calibration none` results.json files instead of running the model. */
+  fromResults?: string[];
 }
 
 export interface CalibrateResult {
@@ -66,6 +78,7 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): 
 }
 
 export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Promise<CalibrateResult> {
+  if (opts.fromResults) return calibrateFromResults(opts, opts.fromResults, io);
   const datasets: Dataset[] = [];
   for (const file of opts.data) {
     try {
@@ -106,26 +119,87 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
       fs.mkdirSync(path.dirname(path.resolve(opts.readouts)), { recursive: true });
       fs.writeFileSync(opts.readouts, JSON.stringify(items));
     }
-    const cv = crossValidate(items, opts.folds);
-    const maps = fitMaps(items);
     const limitNote = `${opts.limit !== undefined ? ` --limit ${opts.limit}` : ""}${opts.split ? ` --split ${opts.split.part}/${opts.split.of}` : ""}`;
-    const fit = CalibrationFit.parse({
+    return finish(opts, io, items, {
       build_hash: manifest.build_hash,
-      fitted_at: new Date().toISOString(),
       build: resolved.build,
       dir: path.basename(lb.build.dir),
       debias: config.debias,
       debias_max_shifts: config.debiasMaxShifts,
+      data: datasets.map((d) => `${path.basename(d.file)} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
+    });
+  } finally {
+    await pipeline.close();
+  }
+}
+
+interface FitHeader {
+  build_hash: string;
+  build: string;
+  dir: string;
+  debias: string;
+  debias_max_shifts: number;
+  data: string[];
+}
+
+async function calibrateFromResults(opts: CalibrateCliOptions, files: string[], io: CliIO): Promise<CalibrateResult> {
+  const config = loadConfig(io.env);
+  const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
+  if (!registry.has(opts.model)) throw new Error(`unknown model "${opts.model}"; available models: ${registry.names().join(", ")}`);
+  const resolved = registry.resolve(opts.model);
+  const manifest = readBuild(resolved.buildDir).manifest;
+  const items: FitItem[] = [];
+  const data: string[] = [];
+  let debias: string | null = null;
+  let shifts = config.debiasMaxShifts;
+  for (const file of files) {
+    const r = JSON.parse(fs.readFileSync(file, "utf8")) as Parameters<typeof fitItemsFromResults>[0] & {
+      resolved: { build: string | null } | null;
+      debias?: string;
+      options: { limit: number | null; split?: string | null };
+    };
+    if (r.resolved?.build !== manifest.build_hash) {
+      throw new Error(`${file} was taken on build ${r.resolved?.build ?? "unknown"}, not on ${manifest.build_hash} (${opts.model})`);
+    }
+    const mode = (r.debias ?? "off").startsWith("cyclic") ? "cyclic" : "off";
+    if (debias !== null && debias !== mode) throw new Error(`${file}: debias ${mode}, but the other results are ${debias}`);
+    debias = mode;
+    const m = /at most (\d+)/.exec(r.debias ?? "");
+    if (m) shifts = Number(m[1]);
+    items.push(...fitItemsFromResults(r));
+    for (const d of r.datasets) {
+      data.push(
+        `${path.basename(d.summary.file)} (${d.items.filter((i) => i.main).length} rows${r.options.limit !== null ? ` --limit ${r.options.limit}` : ""}` +
+          `${r.options.split ? ` --split ${r.options.split}` : ""}; from ${path.basename(path.dirname(file))}/results.json)`,
+      );
+    }
+  }
+  return finish(opts, io, items, {
+    build_hash: manifest.build_hash,
+    build: resolved.build,
+    dir: path.basename(resolved.buildDir),
+    debias: debias ?? "off",
+    debias_max_shifts: shifts,
+    data,
+  });
+}
+
+async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], header: FitHeader): Promise<CalibrateResult> {
+  {
+    const cv = crossValidate(items, opts.folds);
+    const maps = fitMaps(items);
+    const fit = CalibrationFit.parse({
+      ...header,
+      fitted_at: new Date().toISOString(),
       temperatures: maps.temperatures,
       platt: maps.platt,
-      data: datasets.map((d) => `${path.basename(d.file)} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
       cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after })),
     });
     io.stdout(crossValidationTable(cv, opts.folds));
     io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\n`);
     let file: string | null = null;
     if (opts.write) {
-      file = opts.out ?? path.join(CALIBRATION_DIR, `${resolved.build}.json`);
+      file = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);
       const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
       if (existing && existing.build_hash !== fit.build_hash) {
         io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
@@ -133,11 +207,9 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
       const merged = mergeFit(existing, fit);
       fs.mkdirSync(path.dirname(file), { recursive: true });
       fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
-      io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${config.debias})\n`);
+      io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
     }
     return { fit, file, crossValidation: cv, items };
-  } finally {
-    await pipeline.close();
   }
 }
 
@@ -146,7 +218,8 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .command("calibrate")
     .description("fit calibration for a model build from labelled JSONL dev sets; prints cross-validated ECE before and after")
     .option("--model <name>", "public model name", "judge-latest")
-    .requiredOption("--data <files...>", "dataset files (JSONL: noul, choice, score, fact check formats)")
+    .option("--data <files...>", "dataset files (JSONL: noul, choice, score, fact check formats)")
+    .option("--from-results <files...>", "fit on `assay eval --calibration none` results.json files instead of running the model")
     .option("--limit <n>", "at most N rows per file, evenly spaced", positiveInt("--limit"))
     .option("--split <part/parts>", "only rows i with i mod PARTS = PART (e.g. 0/2 to fit, 1/2 to evaluate)", parseSplit)
     .option("--folds <k>", "cross-validation folds", positiveInt("--folds"), 5)
@@ -156,10 +229,14 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
+    .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
+    .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
     .action(
       async (o: {
+        target: number;
+        bandFraction: number;
         model: string;
-        data: string[];
+        data?: string[];
         limit?: number;
         split?: Split;
         folds: number;
@@ -169,12 +246,32 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         shifts?: number;
         concurrency: number;
         readouts?: string;
+        fromResults?: string[];
       }) => {
+        if (!o.data && !o.fromResults) throw new Error("give --data FILE… (or --from-results results.json…)");
+        const config = loadConfig(io.env);
+        const family = ModelRegistry.load(config.modelsConfig, config.modelsDir).resolve(o.model).family;
+        if (family !== "general") {
+          // Code search and fact check fit their own maps (src/cli/calibrate-family.ts).
+          await calibrateFamilyCommand(
+            {
+              model: o.model,
+              data: o.data ?? [],
+              folds: o.folds,
+              write: o.write,
+              target: o.target,
+              bandFraction: o.bandFraction,
+              ...(o.limit !== undefined ? { limit: o.limit } : {}),
+            },
+            io,
+          );
+          return;
+        }
         if (o.debias !== undefined && o.debias !== "off" && o.debias !== "cyclic") throw new Error(`--debias must be off or cyclic, got "${o.debias}"`);
         await calibrateCommand(
           {
             model: o.model,
-            data: o.data,
+            data: o.data ?? [],
             folds: o.folds,
             write: o.write,
             concurrency: o.concurrency,
@@ -184,6 +281,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.debias !== undefined ? { debias: o.debias } : {}),
             ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
             ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
+            ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
           },
           io,
         );

@@ -12,7 +12,7 @@ import type { CalibrationMaps, Platt } from "../probability/index.js";
 import { calibrateNoul, fitPlatt, fitTemperature, softmax, temperatureFor } from "../probability/index.js";
 import { argmaxIndex, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
-import type { TaskType } from "./datasets.js";
+import { readDataset, type TaskType } from "./datasets.js";
 
 /** One answered item as the fit sees it: label log-probabilities (identity calibration) and the gold label's index. */
 export interface FitItem {
@@ -49,6 +49,34 @@ export function fitItems(runs: readonly DatasetRun[]): FitItem[] {
       }
       out.push({ dataset: ds.name, type: ds.task, lp, gold });
     });
+  }
+  return out;
+}
+
+/**
+ * Fit items from an `assay eval` results.json taken with `--calibration none`
+ * (its main-pass label log-probabilities are the model's own), so that a fit
+ * can reuse an evaluation's pass instead of running the model again. The
+ * dataset files are read again for the choice options.
+ */
+export function fitItemsFromResults(results: {
+  calibration: string;
+  datasets: { summary: { dataset: string; file: string; task: TaskType }; items: { id: string; gold: boolean | string | number; main: { labelLogprobs: (number | null)[] } | null }[] }[];
+}): FitItem[] {
+  if (!results.calibration.startsWith("none")) {
+    throw new Error(`results were taken with calibration "${results.calibration}"; fit on a run with --calibration none`);
+  }
+  const out: FitItem[] = [];
+  for (const d of results.datasets) {
+    const byId = new Map(readDataset(d.summary.file).items.map((it) => [it.id, it]));
+    for (const r of d.items) {
+      if (!r.main) continue;
+      const it = byId.get(r.id);
+      if (!it) throw new Error(`${d.summary.file}: no item "${r.id}" (the results are from another version of the file)`);
+      const lp = r.main.labelLogprobs.map((x) => x ?? FLOOR);
+      const gold = it.type === "noul" ? (it.gold ? 0 : 1) : it.type === "choice" ? it.options.indexOf(it.gold) : it.gold;
+      out.push({ dataset: d.summary.dataset, type: d.summary.task, lp, gold });
+    }
   }
   return out;
 }

@@ -1,0 +1,139 @@
+/**
+ * Shipped calibration files: applied to the build they were fitted on,
+ * refused (with a warning, identity) for another build, and unknown sections
+ * kept for the families that add their own. Uses a minimal manifest in a
+ * temporary folder: readBuild reads manifest.json only.
+ */
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { checkCalibration, readBuild, readCalibrationFile, CALIBRATION_DIR } from "../../src/models/manifest.js";
+import { mergeFit } from "../../src/cli/calibrate.js";
+import { loadConfig } from "../../src/config/index.js";
+import { ModelRegistry } from "../../src/models/registry.js";
+
+let root: string;
+let modelDir: string;
+let calDir: string;
+
+const manifest = (hash: string) => ({
+  format: "assay-packed-v2",
+  architecture: "qwen2",
+  name: "test",
+  vocab_size: 10,
+  context_length: 100,
+  hidden_size: 8,
+  num_layers: 1,
+  parameters: 100,
+  quantization: {},
+  chat_template: null,
+  special_tokens: {},
+  eos_token_id: 0,
+  source: {},
+  build_hash: hash,
+  calibration: null,
+});
+
+const fitFile = (hash: string, extra: Record<string, unknown> = {}) => ({
+  build_hash: hash,
+  fitted_at: "2026-11-22T00:00:00Z",
+  build: "tiny",
+  dir: "tiny-dir",
+  temperatures: { "choice:4": 1.7 },
+  platt: { "noul:2": { a: 0.6, b: -0.2 } },
+  data: [],
+  ...extra,
+});
+
+beforeEach(() => {
+  root = fs.mkdtempSync(path.join(os.tmpdir(), "assay-cal-"));
+  modelDir = path.join(root, "tiny-dir");
+  calDir = path.join(root, "calibration");
+  fs.mkdirSync(modelDir);
+  fs.mkdirSync(calDir);
+  fs.writeFileSync(path.join(modelDir, "manifest.json"), JSON.stringify(manifest("aaaa")));
+});
+afterEach(() => fs.rmSync(root, { recursive: true, force: true }));
+
+describe("loading shipped calibration", () => {
+  it("applies a fit whose build hash matches, keeping sections it does not know", () => {
+    fs.writeFileSync(path.join(calDir, "tiny.json"), JSON.stringify(fitFile("aaaa", { recall: { threshold: 0.3 } })));
+    const warnings: string[] = [];
+    const b = readBuild(modelDir, { calibrationDir: calDir, warn: (m) => warnings.push(m) });
+    expect(b.manifest.calibration?.temperatures).toEqual({ "choice:4": 1.7 });
+    expect(b.manifest.calibration?.platt).toEqual({ "noul:2": { a: 0.6, b: -0.2 } });
+    expect((b.manifest.calibration as Record<string, unknown>)["recall"]).toEqual({ threshold: 0.3 });
+    expect(warnings).toEqual([]);
+  });
+
+  it("refuses a fit made for this folder on another build: a warning, and identity", () => {
+    fs.writeFileSync(path.join(calDir, "tiny.json"), JSON.stringify(fitFile("bbbb")));
+    const warnings: string[] = [];
+    const b = readBuild(modelDir, { calibrationDir: calDir, warn: (m) => warnings.push(m) });
+    expect(b.manifest.calibration).toBeNull();
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatch(/fitted on build bbbb, this is aaaa/);
+  });
+
+  it("ignores silently a fit for another build in another folder", () => {
+    fs.writeFileSync(path.join(calDir, "other.json"), JSON.stringify(fitFile("cccc", { dir: "other-dir" })));
+    const warnings: string[] = [];
+    expect(readBuild(modelDir, { calibrationDir: calDir, warn: (m) => warnings.push(m) }).manifest.calibration).toBeNull();
+    expect(warnings).toEqual([]);
+  });
+
+  it("checkCalibration: a clear error for a file fitted on another build", () => {
+    const file = path.join(calDir, "tiny.json");
+    fs.writeFileSync(file, JSON.stringify(fitFile("bbbb")));
+    const fit = readCalibrationFile(file);
+    expect(() => checkCalibration(fit, { build_hash: "aaaa", name: "test" }, file)).toThrow(/fitted on model build bbbb .*not on the loaded build aaaa.*assay calibrate/);
+    expect(checkCalibration(fit, { build_hash: "bbbb", name: "test" }, file)).toBe(fit);
+  });
+
+  it("a Platt map with a ≤ 0 (not monotone increasing) is not a valid fit", () => {
+    const file = path.join(calDir, "bad.json");
+    fs.writeFileSync(file, JSON.stringify(fitFile("aaaa", { platt: { "noul:2": { a: -1, b: 0 } } })));
+    expect(() => readCalibrationFile(file)).toThrow(/not a calibration fit/);
+  });
+});
+
+describe("mergeFit (assay calibrate rewriting a shipped file)", () => {
+  it("replaces the maps it fitted and keeps other keys and sections of the same build", () => {
+    const existing = readFit(fitFile("aaaa", { temperatures: { "choice:4": 1.7, "choice:9": 2 }, factcheck: { x: 1 } }));
+    const fresh = readFit(fitFile("aaaa", { temperatures: { "choice:4": 1.2 }, platt: { "noul:2": { a: 0.9, b: 0 } } }));
+    const merged = mergeFit(existing, fresh);
+    expect(merged.temperatures).toEqual({ "choice:4": 1.2, "choice:9": 2 });
+    expect(merged.platt).toEqual({ "noul:2": { a: 0.9, b: 0 } });
+    expect((merged as Record<string, unknown>)["factcheck"]).toEqual({ x: 1 });
+  });
+
+  it("a file for another build is replaced whole", () => {
+    const merged = mergeFit(readFit(fitFile("old", { factcheck: { x: 1 } })), readFit(fitFile("new")));
+    expect(merged.build_hash).toBe("new");
+    expect((merged as Record<string, unknown>)["factcheck"]).toBeUndefined();
+  });
+});
+
+describe("the repository ships a fit for every default general build", () => {
+  it("models/calibration/<build>.json exists for each build a general model name uses, names its folder and carries a build hash", () => {
+    const config = loadConfig({});
+    const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
+    const general = registry.names().map((n) => registry.resolve(n)).filter((r) => r.family === "general");
+    const builds = new Set(general.map((r) => JSON.stringify([r.build, path.basename(r.buildDir)])));
+    expect(builds.size).toBeGreaterThan(0);
+    for (const entry of builds) {
+      const [build, dir] = JSON.parse(entry) as [string, string];
+      const fit = readCalibrationFile(path.join(CALIBRATION_DIR, `${build}.json`));
+      expect(fit.dir).toBe(dir);
+      expect(fit.build_hash).toMatch(/^[0-9a-f]{16}$/);
+      expect(Object.keys(fit.temperatures).length + Object.keys(fit.platt ?? {}).length).toBeGreaterThan(0);
+    }
+  });
+});
+
+function readFit(obj: Record<string, unknown>) {
+  const file = path.join(calDir, `f${Math.random().toString(36).slice(2)}.json`);
+  fs.writeFileSync(file, JSON.stringify(obj));
+  return readCalibrationFile(file);
+}

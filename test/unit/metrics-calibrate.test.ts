@@ -1,0 +1,72 @@
+import { describe, expect, it } from "vitest";
+import { applyMaps, crossValidate, fitMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
+import { sigmoid, softmax } from "../../src/probability/index.js";
+
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** An overconfident choice model (true temperature 2.5) and a noul model leaning to "yes". */
+function synthetic(): FitItem[] {
+  const r = rng(42);
+  const items: FitItem[] = [];
+  for (let i = 0; i < 600; i++) {
+    const lp = Array.from({ length: 4 }, () => 6 * (r() - 0.5));
+    const p = softmax(lp, 2.5);
+    let u = r();
+    let gold = 0;
+    while (gold < 3 && u > p[gold]!) u -= p[gold++]!;
+    items.push({ dataset: "choice_set", type: "choice", lp: lp.map((x) => x - Math.log(softmax(lp).reduce((a, b) => a + b, 0))), gold });
+  }
+  for (let i = 0; i < 600; i++) {
+    const z = 8 * (r() - 0.5) + 2;
+    const y = r() < sigmoid(0.5 * z - 1);
+    items.push({ dataset: "noul_set", type: "noul", lp: [Math.log(sigmoid(z)), Math.log(sigmoid(-z))], gold: y ? 0 : 1 });
+  }
+  return items;
+}
+
+describe("fitMaps", () => {
+  it("fits a temperature per type:k with a type:* fallback, and Platt for noul", () => {
+    const maps = fitMaps(synthetic());
+    expect(Object.keys(maps.temperatures).sort()).toEqual(["choice:*", "choice:4"]);
+    expect(maps.temperatures["choice:4"]).toBeGreaterThan(2);
+    expect(maps.temperatures["choice:4"]).toBeLessThan(3.2);
+    expect(Object.keys(maps.platt)).toEqual(["noul:2"]);
+    expect(maps.platt["noul:2"]!.a).toBeGreaterThan(0.3);
+    expect(maps.platt["noul:2"]!.a).toBeLessThan(0.7);
+  });
+});
+
+describe("crossValidate", () => {
+  it("out-of-fold ECE and NLL improve on a miscalibrated model; noul accuracy may move (Platt's bias), choice accuracy does not", () => {
+    const cv = crossValidate(synthetic(), 5);
+    expect(cv.map((r) => r.dataset)).toEqual(["choice_set", "noul_set"]);
+    for (const r of cv) {
+      expect(r.before.n).toBe(600);
+      expect(r.after.n).toBe(600);
+      expect(r.after.ece!).toBeLessThan(r.before.ece!);
+      expect(r.after.nll!).toBeLessThan(r.before.nll!);
+    }
+    expect(cv[0]!.after.accuracy).toBe(cv[0]!.before.accuracy);
+  });
+
+  it("scoreProbabilities uses the predicted class's probability and p(yes) > 0.5 for noul", () => {
+    const s = scoreProbabilities("noul", [[0.8, 0.2], [0.3, 0.7]], [0, 0]);
+    expect(s.accuracy).toBe(0.5);
+    // bins: 0.8 (correct) and 0.7 (wrong): |1 − 0.8|/2 + |0 − 0.7|/2
+    expect(s.ece).toBeCloseTo(0.45, 12);
+  });
+
+  it("applyMaps with no maps is the model's own distribution", () => {
+    const it0: FitItem = { dataset: "d", type: "score", lp: [Math.log(0.2), Math.log(0.3), Math.log(0.5)], gold: 2 };
+    applyMaps(it0, null).forEach((p, i) => expect(p).toBeCloseTo([0.2, 0.3, 0.5][i]!, 12));
+  });
+});

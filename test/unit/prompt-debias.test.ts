@@ -1,0 +1,82 @@
+import { describe, expect, it } from "vitest";
+import { buildPrompt, buildQuestion, NO_DEBIAS, presentationOrders, styleFromTemplate, type Debias } from "../../src/prompt/index.js";
+import type { Question } from "../../src/validate/schema.js";
+
+const CHATML = styleFromTemplate("<|im_start|>");
+const CYCLIC: Debias = { mode: "cyclic", maxShifts: 8 };
+
+const choice = (keys: string[]): Question => ({
+  type: "choice",
+  instructions: "Which topic?",
+  criteria: Object.fromEntries(keys.map((k) => [k, k === "Sports" ? "games and athletes" : null])),
+});
+
+/** Every presentation's suffix of one question, as buildPrompt writes them. */
+const suffixes = (q: Question, debias: Debias) => {
+  const p = buildPrompt(CHATML, "state", { q }, debias).questions[0]!;
+  return [p.suffix, ...(p.variants ?? [])];
+};
+
+describe("presentationOrders", () => {
+  it("off: the caller's order, once", () => {
+    expect(presentationOrders(choice(["b", "a", "c"]), NO_DEBIAS)).toEqual([[0, 1, 2]]);
+    expect(buildPrompt(CHATML, "s", { q: choice(["b", "a"]) }).questions[0]!.variants).toBeUndefined();
+  });
+
+  it("cyclic: every shift of the canonical (sorted) order; each option visits every position once", () => {
+    const orders = presentationOrders(choice(["World", "Sports", "Business", "Sci/Tech"]), CYCLIC);
+    expect(orders).toHaveLength(4);
+    // canonical: Business(2), Sci/Tech(3), Sports(1), World(0)
+    expect(orders[0]).toEqual([2, 3, 1, 0]);
+    for (let pos = 0; pos < 4; pos++) expect(new Set(orders.map((o) => o[pos])).size).toBe(4);
+  });
+
+  it("cyclic with more options than maxShifts: evenly spread shifts", () => {
+    const keys = Array.from({ length: 10 }, (_, i) => `k${i}`);
+    const orders = presentationOrders(choice(keys), { mode: "cyclic", maxShifts: 3 });
+    expect(orders.map((o) => o[0])).toEqual([0, 3, 6]);
+  });
+
+  it("score: low → high and high → low, never rotated", () => {
+    const q: Question = { type: "score", criteria: ["low", "mid", "high"] };
+    expect(presentationOrders(q, CYCLIC)).toEqual([
+      [0, 1, 2],
+      [2, 1, 0],
+    ]);
+    expect(presentationOrders(q, { mode: "cyclic", maxShifts: 1 })).toEqual([[0, 1, 2]]);
+  });
+
+  it("noul: one presentation", () => {
+    expect(presentationOrders({ type: "noul", instructions: "x" }, CYCLIC)).toEqual([[]]);
+  });
+});
+
+describe("debiased prompts", () => {
+  it("choice: the presentations depend only on the set of options, not on the caller's order", () => {
+    const a = suffixes(choice(["World", "Sports", "Business", "Sci/Tech"]), CYCLIC);
+    const b = suffixes(choice(["Sci/Tech", "World", "Business", "Sports"]), CYCLIC);
+    expect(b).toEqual(a);
+    // ... while without debiasing the order shows.
+    expect(suffixes(choice(["World", "Sports"]), NO_DEBIAS)).not.toEqual(suffixes(choice(["Sports", "World"]), NO_DEBIAS));
+  });
+
+  it("labels and option indices stay in the caller's order in every presentation", () => {
+    const p = buildPrompt(CHATML, "s", { q: choice(["b", "a", "c"]) }, CYCLIC).questions[0]!;
+    expect(p.keys).toEqual(["b", "a", "c"]);
+    expect(p.labels).toEqual(["b", "a", "c"]);
+    expect(p.variants).toHaveLength(2);
+    // Canonical order a, b, c shows first.
+    expect(p.suffix.indexOf("- a")).toBeLessThan(p.suffix.indexOf("- b"));
+  });
+
+  it("score, high → low: the levels listed in reverse under a header that says so", () => {
+    const q: Question = { type: "score", instructions: "How positive?", criteria: ["negative", "neutral", "positive"] };
+    const [up, down] = suffixes(q, CYCLIC);
+    expect(up).toMatch(/from lowest to highest:\n- negative\n- neutral\n- positive\n/);
+    expect(down).toMatch(/from highest to lowest:\n- positive\n- neutral\n- negative\n/);
+    // Numbered levels keep their numbers when listed in reverse.
+    const long = ["a".repeat(50), "b".repeat(50)];
+    const rev = buildQuestion(CHATML, "s", { type: "score", criteria: long }, [1, 0]).suffix;
+    expect(rev.indexOf(`1: ${long[1]}`)).toBeLessThan(rev.indexOf(`0: ${long[0]}`));
+  });
+});
