@@ -1,9 +1,8 @@
 import type { Config } from "../config/index.js";
 import { AssayError, invalid } from "../errors/catalogue.js";
-import { readBuild, type ModelBuild } from "../models/manifest.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
-import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, styleFromTemplate, type Debias, type PromptStyle } from "../prompt/index.js";
-import { TextTokenizer } from "../tokenizer/index.js";
+import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, type Debias } from "../prompt/index.js";
+import { loadBuild, type LoadedBuild } from "./build.js";
 import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import { InferencePool } from "../inference/pool.js";
 import { answer, averageReadings, calibrationForMode } from "../probability/index.js";
@@ -17,27 +16,14 @@ import {
   type SystemOneResponse,
 } from "../validate/schema.js";
 import type { ModelListing, Pipeline, PipelineContext } from "./types.js";
+import { ModelLifecycle } from "../models/lifecycle.js";
+import { parseSchedule } from "../models/schedule.js";
+import { runCodeSearch } from "../families/codesearch.js";
+import { runFactCheck } from "../families/factcheck.js";
+import type { FamilyEnv } from "../families/types.js";
 import type { Timings } from "./timings.js";
 
-/** What a loaded model build needs on the request path, made once at load. */
-export interface LoadedBuild {
-  build: ModelBuild;
-  tokenizer: TextTokenizer;
-  style: PromptStyle;
-  terminator: number;
-  /** Label text → token ids, per build: option labels are tokenized once. */
-  labelCache: Map<string, number[]>;
-}
-
-export function loadBuild(dir: string): LoadedBuild {
-  const build = readBuild(dir);
-  const tokenizer = new TextTokenizer(build);
-  const style = styleFromTemplate(build.manifest.chat_template);
-  const endToken = style.kind === "chatml" ? style.end : build.manifest.special_tokens.eos;
-  const terminator = (endToken ? tokenizer.specialId(endToken) : undefined) ?? build.manifest.eos_token_id;
-  if (terminator === undefined || terminator === null) throw new Error(`${dir}: no end-of-turn token`);
-  return { build, tokenizer, style, terminator, labelCache: new Map() };
-}
+export { loadBuild, type LoadedBuild } from "./build.js";
 
 export interface PreparedQuestion {
   id: string;
@@ -123,7 +109,8 @@ export function prepare(
     for (const q of prompt.questions) {
       const labels = q.labels.map(labelIds);
       const mine = [encoded.length];
-      encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator });
+      // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
+      encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
       for (const v of q.variants ?? []) {
         mine.push(encoded.length);
         encoded.push({ suffix: lb.tokenizer.encode(v), labels, terminator: lb.terminator, billed: false });
@@ -131,6 +118,7 @@ export function prepare(
       blocks.push(mine);
     }
     packed = pack(prefix, encoded);
+    for (const q of prompt.questions) if (q.billedSuffix !== undefined) packed.promptTokens += lb.tokenizer.encode(q.billedSuffix).length;
     if (encoded.length === prompt.questions.length || debias.maxShifts <= 1 || packed.inputIds.length <= maxTokens) break;
     debias = { ...debias, maxShifts: Math.floor(debias.maxShifts / 2) };
     prompt = buildPrompt(lb.style, state, questions, debias);
@@ -153,27 +141,49 @@ export function prepare(
 export class EnginePipeline implements Pipeline {
   private readonly builds = new Map<string, LoadedBuild>();
   private warm = false;
+  private readonly families: FamilyEnv;
 
   private constructor(
     private readonly config: Config,
     readonly registry: ModelRegistry,
     readonly pool: InferencePool,
-  ) {}
+    readonly lifecycle: ModelLifecycle,
+  ) {
+    this.families = {
+      pool,
+      build: (name) => {
+        const lb = this.builds.get(name);
+        if (!lb) throw new Error(`model build "${name}" is not loaded in this process`);
+        return lb;
+      },
+      acquire: (build, forModel) => lifecycle.acquire(build, forModel),
+      maxPackedTokens: config.maxPackedTokens,
+    };
+  }
 
   /** Loads every configured build and warms the default model on every lane. */
   static async create(config: Config, log: (msg: string) => void = () => {}): Promise<EnginePipeline> {
     const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
     const pool = new InferencePool(config);
-    const p = new EnginePipeline(config, registry, pool);
+    const lifecycle = new ModelLifecycle(pool, {
+      schedule: parseSchedule(config.modelSchedule),
+      idleUnloadMs: config.modelIdleUnloadMs,
+      log,
+    });
+    const p = new EnginePipeline(config, registry, pool, lifecycle);
     try {
       const def = registry.resolve(registry.file.default);
-      for (const name of registry.names()) {
-        const r = registry.resolve(name);
-        if (!p.builds.has(r.build)) p.builds.set(r.build, loadBuild(r.buildDir));
+      for (const build of registry.usedBuilds()) {
+        const lb = loadBuild(registry.buildDir(build));
+        p.builds.set(build, lb);
+        lifecycle.register(build, lb.build.onnxPath, registry.availability(build));
       }
       const lb = p.builds.get(def.build)!;
-      const loads = await pool.setLoaded(lb.build.onnxPath, true);
-      log(`model ${def.target} (${lb.build.manifest.build_hash}) loaded on ${loads.map((l) => l.provider).join(", ")}`);
+      // The default build first: it is what readiness waits for.
+      const boot = lifecycle.bootBuilds().sort((a, b) => Number(b === def.build) - Number(a === def.build));
+      for (const build of boot) await lifecycle.load(build);
+      log(`models loaded: ${boot.map((b) => `${b} (${p.builds.get(b)!.build.manifest.build_hash})`).join(", ")}`);
+      lifecycle.start();
       // One small pass so the first request does not pay for kernel set-up.
       const warmup = prepare(lb, "warm-up", { q: { type: "noul", instructions: "warm" } });
       await pool.infer(lb.build.onnxPath, warmup.packed);
@@ -202,7 +212,7 @@ export class EnginePipeline implements Pipeline {
         alias_of: r.aliasOf,
         deprecated: r.deprecated,
         build: this.builds.get(r.build)?.build.manifest.build_hash ?? null,
-        ready: this.warm,
+        ready: this.warm && this.lifecycle.state(r.build) === "loaded",
       };
     });
   }
@@ -216,9 +226,19 @@ export class EnginePipeline implements Pipeline {
 
   async run(env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
     const model = this.resolve(env.model);
-    if (model.family !== "general") {
-      throw invalid(`model "${env.model}" (${model.family}) is not served by this deployment yet`);
+    if (model.family === "codesearch") return runCodeSearch(this.families, model, env, ctx);
+    if (model.family === "factcheck") {
+      return runFactCheck(this.families, model, env, ctx, this.config.factcheckChunkTokens, this.config.factcheckChunkOverlap);
     }
+    const release = this.lifecycle.acquire(model.build, env.model);
+    try {
+      return await this.runGeneral(model, env, ctx);
+    } finally {
+      release();
+    }
+  }
+
+  private async runGeneral(model: ResolvedModel, env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
     const parsed = generalQuestions().safeParse(env.questions);
     if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
     const lb = this.builds.get(model.build)!;
@@ -271,6 +291,7 @@ export class EnginePipeline implements Pipeline {
 
   async close(): Promise<void> {
     this.warm = false;
+    this.lifecycle.stop();
     await this.pool.close();
   }
 }

@@ -8,8 +8,13 @@ import { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { Question, RequestEnvelope, SystemOneResponse, State } from "../../src/validate/schema.js";
 
-export async function startEngine(): Promise<EnginePipeline> {
-  return EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent" }));
+/**
+ * The large build (code search / fact check escalation) stays unloaded unless
+ * a test asks for it: the default schedule would load it on weekday
+ * afternoons only, and a test must not depend on the time of day.
+ */
+export async function startEngine(env: Record<string, string> = {}): Promise<EnginePipeline> {
+  return EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent", ASSAY_MODEL_SCHEDULE: "never", ...env }));
 }
 
 export async function ask(

@@ -1,0 +1,250 @@
+/**
+ * `assay calibrate --model judge-codegrep|judge-factcheck --data FILE…`: the
+ * code search and fact check fits. Both builds of the name (the small one and
+ * its escalation target) are run over the dev data through the served
+ * pipeline, with their raw scores cached under .cache/fits/ (a rerun resumes);
+ * then, per build, the code search recall adjustment or the fact check Platt
+ * map is fitted, and the escalation band of the small build. Figures are
+ * K-fold cross-validated by query / document for the three names
+ * (-lite, base, -max), so no test fold shares a state with its training.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { ROOT, loadConfig } from "../config/index.js";
+import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/manifest.js";
+import { EnginePipeline } from "../pipeline/index.js";
+import { sigmoid } from "../probability/calibration.js";
+import { adjustForRecall, logit, recallAt, type RecallFit } from "../probability/recall.js";
+import { FACTCHECK_CALIBRATION_KEY } from "../families/factcheck.js";
+import {
+  binaryScore,
+  codeSearchRequests,
+  escalatedItems,
+  factCheckRequests,
+  fitBand,
+  fitFactCheckPlatt,
+  fitRecall,
+  foldsByGroup,
+  readCodeSearch,
+  readFactCheck,
+  runScored,
+  spreadRows,
+  type ScoredItem,
+} from "../families/fit.js";
+import type { Band } from "../families/escalation.js";
+import type { CliIO } from "./keys.js";
+
+export interface FamilyCalibrateOptions {
+  model: string;
+  data: string[];
+  limit?: number;
+  folds: number;
+  write: boolean;
+  /** Recall target of the code search adjustment. */
+  target: number;
+  /** Share of the small build's dev scores, nearest the decision point, that escalate. */
+  bandFraction: number;
+}
+
+interface NameFigures {
+  name: string;
+  [metric: string]: string | number | null;
+}
+
+const fmt = (x: number | null | undefined, d = 3) => (x === null || x === undefined || !Number.isFinite(x) ? "–" : x.toFixed(d));
+
+function table(rows: NameFigures[], cols: string[]): string {
+  const head = `| name | ${cols.join(" | ")} |\n|---|${cols.map(() => "---:").join("|")}|\n`;
+  return head + rows.map((r) => `| ${r.name} | ${cols.map((c) => (typeof r[c] === "number" ? fmt(r[c] as number) : String(r[c] ?? "–"))).join(" | ")} |`).join("\n") + "\n";
+}
+
+/** Sets sections of a build's shipped fit, keeping the rest (a fit for another build is replaced). */
+function writeSection(build: string, buildHash: string, dir: string, patch: Record<string, unknown>, io: CliIO): string {
+  const file = path.join(CALIBRATION_DIR, `${build}.json`);
+  const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+  const same = existing && existing.build_hash === buildHash ? existing : { build_hash: buildHash, build, dir, temperatures: {} };
+  const fit = CalibrationFit.parse({ ...same, ...patch, fitted_at: new Date().toISOString() });
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  fs.writeFileSync(file, JSON.stringify(fit, null, 2) + "\n");
+  io.stderr(`wrote ${file} (build ${buildHash})\n`);
+  return file;
+}
+
+export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: CliIO): Promise<string> {
+  // Both builds must be loaded for the run: the schedule does not apply here.
+  const config = loadConfig(io.env, { modelSchedule: "always" });
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  try {
+    const model = pipeline.registry.resolve(opts.model);
+    if (model.family === "general") throw new Error(`model "${opts.model}" is a general model`);
+    const builds = [model.build, ...(model.escalateTo ? [model.escalateTo] : [])];
+    const publicFor = (build: string) =>
+      pipeline.registry.names().find((n) => {
+        const r = pipeline.registry.resolve(n);
+        return r.family === model.family && r.build === build && !r.escalateTo && r.aliasOf === null;
+      }) ?? opts.model;
+    const cacheDir = path.join(ROOT, ".cache", "fits");
+    const scored = new Map<string, ScoredItem[]>();
+    const ms = new Map<string, number[]>();
+    const tokens = new Map<string, number[]>();
+    for (const build of builds) {
+      const name = publicFor(build);
+      const hash = pipeline.build(name).build.manifest.build_hash;
+      const items: ScoredItem[] = [];
+      for (const file of opts.data) {
+        const requests =
+          model.family === "codesearch"
+            ? codeSearchRequests(spreadRows(readCodeSearch(file), opts.limit))
+            : factCheckRequests(spreadRows(readFactCheck(file), opts.limit));
+        const cache = path.join(cacheDir, `${model.family}-${hash}-${path.basename(file, ".jsonl")}.jsonl`);
+        io.stderr(`running ${name} (${build}) on ${path.basename(file)}: ${requests.length} requests\n`);
+        const recs = await runScored(pipeline, name, requests, cache, (d, t) => io.stderr(`\r  ${d}/${t}`));
+        io.stderr("\n");
+        for (const r of recs) {
+          items.push(...r.items);
+          ms.set(build, [...(ms.get(build) ?? []), r.ms]);
+          tokens.set(build, [...(tokens.get(build) ?? []), r.inputTokens]);
+        }
+      }
+      scored.set(build, items);
+    }
+    const mean = (xs: number[] | undefined) => (xs && xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
+    const small = scored.get(model.build)!;
+    const large = model.escalateTo ? scored.get(model.escalateTo)! : null;
+    let report = `## ${model.family} calibration (${opts.data.map((f) => path.basename(f)).join(", ")}${opts.limit ? `, --limit ${opts.limit}` : ""})\n\n`;
+    report += `Latency per request (mean, ms): ${builds.map((b) => `${b} ${fmt(mean(ms.get(b)), 0)}`).join(", ")}; input tokens per request: ${builds.map((b) => `${b} ${fmt(mean(tokens.get(b)), 0)}`).join(", ")}\n\n`;
+
+    if (model.family === "codesearch") {
+      const fitFor = (train: ScoredItem[]) => fitRecall(train, opts.target);
+      const bandFor = (train: ScoredItem[], f: RecallFit): Band => fitBand(train.filter((i) => !i.overflow).map((i) => i.raw), f.threshold, opts.bandFraction);
+      // Cross-validated, pooled over the held-out folds.
+      const folds = foldsByGroup(small, opts.folds);
+      const groupsOf = folds.map((f) => new Set(f.map((i) => i.group)));
+      const pooled: Record<string, { raw: number; needed: boolean; overflow?: boolean }[]> = { lite: [], max: [], base: [], raw_lite: [], raw_max: [] };
+      let escalatedShare = 0;
+      groupsOf.forEach((testGroups) => {
+        const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
+        const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
+        const sFit = fitFor(tr(small));
+        const push = (key: string, xs: ScoredItem[], fits: (i: number) => RecallFit | null) =>
+          xs.forEach((it, n) => pooled[key]!.push({ raw: it.overflow ? 1 : adjustForRecall(it.raw, fits(n)), needed: it.label, ...(it.overflow ? { overflow: true } : {}) }));
+        const sTest = te(small);
+        push("lite", sTest, () => sFit);
+        push("raw_lite", sTest, () => null);
+        if (large) {
+          const lFit = fitFor(tr(large));
+          const lTest = te(large);
+          push("max", lTest, () => lFit);
+          push("raw_max", lTest, () => null);
+          const band = bandFor(tr(small), sFit);
+          const { items, fromLarge } = escalatedItems(sTest, lTest, band);
+          escalatedShare += fromLarge.filter(Boolean).length;
+          push("base", items, (n) => (fromLarge[n] ? lFit : sFit));
+        }
+      });
+      const rows: NameFigures[] = [];
+      const row = (name: string, key: string, rawKey?: string) => {
+        if (pooled[key]!.length === 0) return;
+        const a = recallAt(pooled[key]!, null);
+        const u = rawKey ? recallAt(pooled[rawKey]!, null) : null;
+        rows.push({ name, "recall (raw > 0.5)": u?.recall ?? null, "kept (raw)": u?.keptFraction ?? null, "recall (noul > 0.5)": a.recall, kept: a.keptFraction, items: a.items });
+      };
+      row(publicFor(model.build), "lite", "raw_lite");
+      if (large) {
+        row(opts.model, "base");
+        row(publicFor(model.escalateTo!), "max", "raw_max");
+      }
+      report += `${opts.folds}-fold cross-validation by query, target recall ${opts.target}:\n\n`;
+      report += table(rows, ["recall (raw > 0.5)", "kept (raw)", "recall (noul > 0.5)", "kept", "items"]);
+      if (large) report += `\nEscalated (held-out): ${fmt(escalatedShare / small.length)} of items.\n`;
+      // Final fits on everything.
+      const sFit = fitFor(small);
+      const patches: [string, Record<string, unknown>][] = [[model.build, { codesearch: { recall: sFit, ...(large ? { band: bandFor(small, sFit) } : {}) } }]];
+      if (large) patches.push([model.escalateTo!, { codesearch: { recall: fitFor(large) } }]);
+      report += `\nFits: ${patches.map(([b, p]) => `${b} ${JSON.stringify(p)}`).join("; ")}\n`;
+      if (opts.write) {
+        for (const [b, p] of patches) {
+          const lb = pipeline.build(publicFor(b));
+          const existing = fs.existsSync(path.join(CALIBRATION_DIR, `${b}.json`)) ? readCalibrationFile(path.join(CALIBRATION_DIR, `${b}.json`)) : null;
+          const section = { ...((existing?.codesearch as object | undefined) ?? {}), ...(p.codesearch as object) };
+          writeSection(b, lb.build.manifest.build_hash, path.basename(lb.build.dir), { codesearch: section }, io);
+        }
+      }
+    } else {
+      const folds = foldsByGroup(small, opts.folds);
+      const groupsOf = folds.map((f) => new Set(f.map((i) => i.group)));
+      const pooled: Record<string, { p: number[]; y: boolean[] }> = {};
+      const add = (k: string, p: number, y: boolean) => {
+        pooled[k] ??= { p: [], y: [] };
+        pooled[k]!.p.push(p);
+        pooled[k]!.y.push(y);
+      };
+      let escalated = 0;
+      const key = (i: ScoredItem) => `${i.group}/${i.id}`;
+      groupsOf.forEach((testGroups) => {
+        const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
+        const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
+        const sP = fitFactCheckPlatt(tr(small));
+        const cal = (pl: { a: number; b: number }, raw: number) => sigmoid(pl.a * logit(raw) + pl.b);
+        const band = fitBand(tr(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
+        const lP = large ? fitFactCheckPlatt(tr(large)) : null;
+        const lMap = new Map((large ? te(large) : []).map((i) => [key(i), i]));
+        for (const it of te(small)) {
+          const c = cal(sP, it.raw);
+          add("lite raw", it.raw, it.label);
+          add("lite", c, it.label);
+          const l = lMap.get(key(it));
+          if (l && lP) {
+            add("max raw", l.raw, l.label);
+            add("max", cal(lP, l.raw), l.label);
+            const esc = c >= band.lo && c <= band.hi;
+            if (esc) escalated++;
+            add("base", esc ? cal(lP, l.raw) : c, it.label);
+          }
+        }
+      });
+      const rows: NameFigures[] = [];
+      const row = (name: string, k: string, rawK?: string) => {
+        const s = pooled[k];
+        if (!s) return;
+        const a = binaryScore(s.p, s.y);
+        const b = rawK && pooled[rawK] ? binaryScore(pooled[rawK]!.p, pooled[rawK]!.y) : null;
+        rows.push({ name, n: a.n, "bal. acc": a.balancedAccuracy, "ECE before": b?.ece ?? null, "ECE after": a.ece, AUROC: a.auroc });
+      };
+      row(publicFor(model.build), "lite", "lite raw");
+      if (large) {
+        row(opts.model, "base");
+        row(publicFor(model.escalateTo!), "max", "max raw");
+      }
+      report += `${opts.folds}-fold cross-validation by document (15-bin ECE):\n\n` + table(rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"]);
+      if (large) report += `\nEscalated (held-out): ${fmt(escalated / small.length)} of claims.\n`;
+      const sP = fitFactCheckPlatt(small);
+      const patches: [string, Record<string, unknown>, Band | null][] = [
+        [model.build, { [FACTCHECK_CALIBRATION_KEY]: sP }, large ? fitBand(small.map((i) => sigmoid(sP.a * logit(i.raw) + sP.b)), 0.5, opts.bandFraction) : null],
+      ];
+      if (large) patches.push([model.escalateTo!, { [FACTCHECK_CALIBRATION_KEY]: fitFactCheckPlatt(large) }, null]);
+      report += `\nFits: ${patches.map(([b, p, band]) => `${b} ${JSON.stringify(p)}${band ? ` band ${JSON.stringify(band)}` : ""}`).join("; ")}\n`;
+      if (opts.write) {
+        for (const [b, platt, band] of patches) {
+          const lb = pipeline.build(publicFor(b));
+          const file = path.join(CALIBRATION_DIR, `${b}.json`);
+          const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+          writeSection(
+            b,
+            lb.build.manifest.build_hash,
+            path.basename(lb.build.dir),
+            {
+              platt: { ...((existing?.build_hash === lb.build.manifest.build_hash ? existing?.platt : undefined) ?? {}), ...platt },
+              ...(band ? { factcheck: { ...((existing?.factcheck as object | undefined) ?? {}), band } } : {}),
+            },
+            io,
+          );
+        }
+      }
+    }
+    io.stdout(report);
+    return report;
+  } finally {
+    await pipeline.close();
+  }
+}

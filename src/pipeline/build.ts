@@ -1,0 +1,24 @@
+import { readBuild, type ModelBuild } from "../models/manifest.js";
+import { styleFromTemplate, type PromptStyle } from "../prompt/index.js";
+import { TextTokenizer } from "../tokenizer/index.js";
+
+/** What a loaded model build needs on the request path, made once at load. */
+export interface LoadedBuild {
+  build: ModelBuild;
+  tokenizer: TextTokenizer;
+  style: PromptStyle;
+  terminator: number;
+  /** Label text → token ids, per build: option labels are tokenized once. */
+  labelCache: Map<string, number[]>;
+}
+
+export function loadBuild(dir: string): LoadedBuild {
+  const build = readBuild(dir);
+  const tokenizer = new TextTokenizer(build);
+  const style = styleFromTemplate(build.manifest.chat_template);
+  const endToken = style.kind === "chatml" ? style.end : build.manifest.special_tokens.eos;
+  const terminator = (endToken ? tokenizer.specialId(endToken) : undefined) ?? build.manifest.eos_token_id;
+  if (terminator === undefined || terminator === null) throw new Error(`${dir}: no end-of-turn token`);
+  return { build, tokenizer, style, terminator, labelCache: new Map() };
+}
+

@@ -1,0 +1,145 @@
+/**
+ * Fact check on the real engine (small and large exported builds). Chunks
+ * are set small here (512 tokens) so a long-document test stays short; the
+ * served default is in the README.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { AssayError } from "../../src/errors/catalogue.js";
+import { DEFAULT_BAND } from "../../src/families/escalation.js";
+import { chunkRanges } from "../../src/families/factcheck.js";
+import { FactCheckFit, familyFit } from "../../src/families/types.js";
+import { factcheckClaim, factcheckPrefixParts } from "../../src/prompt/families.js";
+import type { EnginePipeline } from "../../src/pipeline/index.js";
+import { Timings } from "../../src/pipeline/timings.js";
+import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
+import { startEngine } from "./engine.js";
+
+const SMALL = "qwen2.5-coder-0.5b";
+const LARGE = "qwen2.5-coder-1.5b";
+const CHUNK = 512;
+const OVERLAP = 64;
+
+let engine: EnginePipeline;
+
+const doc =
+  "The Harbor Street bridge reopened on 14 May 2024 after an eighteen-month renovation. The project cost " +
+  "32 million dollars, paid by the state transport fund. The new deck has two bicycle lanes and a footpath on each side.";
+
+function ask(model: string, state: unknown, qs: Record<string, unknown>): Promise<SystemOneResponse> {
+  return engine.run({ model, state, questions: qs } as RequestEnvelope, { requestId: "req-fc", orgId: "test", timings: new Timings() });
+}
+
+async function status(model: string, state: unknown, qs: Record<string, unknown>): Promise<[number, string]> {
+  try {
+    await ask(model, state, qs);
+  } catch (e) {
+    expect(e).toBeInstanceOf(AssayError);
+    return [(e as AssayError).status, String((e as AssayError).detail)];
+  }
+  throw new Error("expected an error");
+}
+
+type Detail = { raw: number; escalated: boolean; scores: Record<string, number>; chunk: number; chunks: number };
+
+beforeAll(async () => {
+  engine = await startEngine({ ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
+});
+
+afterAll(async () => {
+  await engine?.close();
+});
+
+describe("fact check", () => {
+  it("scores each claim against the document (judge-factcheck-lite)", async () => {
+    const res = await ask("judge-factcheck-lite", doc, {
+      yes: { type: "noul", instructions: "The bridge reopened in May 2024." },
+      no: { type: "noul", instructions: "The renovation was paid for by a private company." },
+    });
+    expect(res.request_id).toBe("req-fc");
+    const p = (q: string) => (res.answers[q] as { noul: number }).noul;
+    expect(p("yes")).toBeGreaterThan(p("no"));
+    const d = res.details as Record<string, Detail>;
+    expect(d.yes).toMatchObject({ escalated: false, chunk: 0, chunks: 1 });
+    expect(Object.keys(d.yes!.scores)).toEqual([SMALL]);
+  });
+
+  it("bills the document prefix once and each claim once when the document is one chunk", async () => {
+    const claims = ["The bridge has bicycle lanes.", "The bridge is closed."];
+    const res = await ask("judge-factcheck-lite", doc, { a: { type: "noul", instructions: claims[0] }, b: { type: "noul", instructions: claims[1] } });
+    const lb = engine.build("judge-factcheck-lite");
+    const { head, tail } = factcheckPrefixParts(lb.style);
+    const enc = (t: string) => lb.tokenizer.encode(t).length;
+    const expected = enc(head) + enc(doc) + enc(tail) + claims.reduce((s, c) => s + enc(factcheckClaim(lb.style, c)), 0);
+    expect(res.usage.input_tokens).toBe(expected);
+  });
+
+  it("reads a long document in overlapping chunks and finds a claim supported only at its end", async () => {
+    const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
+    const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
+    const lb = engine.build("judge-factcheck-lite");
+    const chunks = chunkRanges(lb.tokenizer.encode(long).length, CHUNK, OVERLAP).length;
+    expect(chunks).toBeGreaterThan(1);
+    const res = await ask("judge-factcheck-lite", long, {
+      coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
+    });
+    const d = (res.details as Record<string, Detail>).coin!;
+    expect(d.chunks).toBe(chunks);
+    expect(d.chunk).toBe(chunks - 1);
+    // Every chunk is read: the document is billed in full, overlaps included.
+    expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
+  });
+
+  it("refuses what is not a fact check request with 422", async () => {
+    expect(await status("judge-factcheck-lite", { doc }, { a: { type: "noul", instructions: "x" } })).toEqual([
+      422,
+      expect.stringMatching(/document, as a string/),
+    ]);
+    expect((await status("judge-factcheck-lite", doc, { a: { type: "noul" } }))[0]).toBe(422);
+    expect((await status("judge-factcheck-lite", doc, { a: { type: "noul", instructions: "  " } }))[1]).toMatch(/claim/);
+    expect((await status("judge-factcheck-lite", doc, { a: { type: "choice", criteria: { x: null, y: null } } }))[0]).toBe(422);
+    const many = Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`c${i}`, { type: "noul", instructions: "x" }]));
+    expect((await status("judge-factcheck-lite", doc, many))[1]).toMatch(/1 to 64/);
+  });
+
+  it("judge-factcheck-max needs the large build: 503 while it starts, then answers", async () => {
+    const [code, detail] = await status("judge-factcheck-max", doc, { a: { type: "noul", instructions: "The project cost 32 million dollars." } });
+    expect(code).toBe(503);
+    expect(detail).toMatch(/starting/);
+    await engine.lifecycle.load(LARGE);
+    const res = await ask("judge-factcheck-max", doc, {
+      a: { type: "noul", instructions: "The project cost 32 million dollars." },
+      b: { type: "noul", instructions: "The project cost 90 million dollars." },
+    });
+    const p = (q: string) => (res.answers[q] as { noul: number }).noul;
+    expect(p("a")).toBeGreaterThan(p("b"));
+    expect(Object.keys((res.details as Record<string, Detail>).a!.scores)).toEqual([LARGE]);
+  });
+
+  it("judge-factcheck escalates exactly the claims the small build is unsure about", async () => {
+    const qs = {
+      a: { type: "noul", instructions: "The bridge reopened in May 2024." },
+      b: { type: "noul", instructions: "The renovation took eighteen months." },
+      c: { type: "noul", instructions: "The bridge carries a tram line." },
+    };
+    const lite = await ask("judge-factcheck-lite", doc, qs);
+    const base = await ask("judge-factcheck", doc, qs);
+    const ld = lite.details as Record<string, Detail>;
+    const bd = base.details as Record<string, Detail>;
+    const band = familyFit(engine.build("judge-factcheck"), "factcheck", FactCheckFit)?.band ?? DEFAULT_BAND;
+    let escalated = 0;
+    for (const q of ["a", "b", "c"]) {
+      const small = (lite.answers[q] as { noul: number }).noul;
+      expect(bd[q]!.scores[SMALL]).toBeCloseTo(small, 6);
+      expect(bd[q]!.escalated).toBe(small >= band.lo && small <= band.hi);
+      if (bd[q]!.escalated) {
+        escalated++;
+        expect(Object.keys(bd[q]!.scores).sort()).toEqual([SMALL, LARGE]);
+        expect((base.answers[q] as { noul: number }).noul).toBe(bd[q]!.scores[LARGE]);
+      } else {
+        expect((base.answers[q] as { noul: number }).noul).toBeCloseTo((lite.answers[q] as { noul: number }).noul, 6);
+        expect(bd[q]!.raw).toBeCloseTo(ld[q]!.raw, 6);
+      }
+    }
+    expect(base.usage.input_tokens > lite.usage.input_tokens).toBe(escalated > 0);
+  });
+});
