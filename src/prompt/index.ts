@@ -36,6 +36,12 @@ export interface QuestionPrompt {
    * when the question is asked once.
    */
   variants?: string[];
+  /**
+   * The suffix with the options in the caller's order, when the first
+   * presentation shows them in another: what `usage.input_tokens` counts,
+   * so that the charge does not depend on the debias setting.
+   */
+  billedSuffix?: string;
 }
 
 export interface RequestPrompt {
@@ -211,7 +217,12 @@ export function buildPrompt(
     questions: Object.entries(questions).map(([id, q]) => {
       const [first, ...rest] = presentationOrders(q, debias);
       const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first);
-      return rest.length === 0 ? main : { ...main, variants: rest.map((o) => buildQuestion(style, id, q, o).suffix) };
+      const own = first!.every((o, i) => o === i) ? null : buildQuestion(style, id, q).suffix;
+      return {
+        ...main,
+        ...(rest.length > 0 ? { variants: rest.map((o) => buildQuestion(style, id, q, o).suffix) } : {}),
+        ...(own !== null ? { billedSuffix: own } : {}),
+      };
     }),
   };
 }

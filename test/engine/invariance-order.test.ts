@@ -2,8 +2,8 @@
  * Option-order invariance on the real exported model (never a stub), with
  * ASSAY_DEBIAS=cyclic: a choice question gets the same probabilities
  * whatever order its options are written in, and a score question asked with
- * its levels reversed gets the mirrored answer. Billing counts one
- * presentation per question.
+ * its levels reversed gets the mirrored answer. Billing counts the caller's
+ * own question once.
  *
  * Cost: one engine; 3 choice passes (4 presentations each), 2 score passes.
  */
@@ -66,16 +66,22 @@ describe("option-order debiasing on the real model", () => {
     expect(Math.abs(up.score - (4 - down.score))).toBeLessThanOrEqual(0.1);
   });
 
-  it("usage counts the prefix and one presentation per question, whatever the number of branches", async () => {
-    // Keys already in canonical (sorted) order: the billed presentation is the caller's own text.
-    const q = reorder(["Business", "Sci/Tech", "Sports", "World"]);
-    const res = await ask(engine, STATE, { topic: q });
+  it("usage counts the prefix and the caller's own question once, whatever the debias setting", async () => {
     const lb = engine.build("judge-latest");
-    const plain = prepare(lb, STATE, { topic: q }, undefined, { debias: NO_DEBIAS });
-    const debiased = prepare(lb, STATE, { topic: q }, undefined, { debias: { mode: "cyclic", maxShifts: 8 } });
-    expect(debiased.packed.branches).toBe(4);
-    expect(debiased.packed.inputIds.length).toBeGreaterThan(plain.packed.inputIds.length);
-    expect(debiased.packed.promptTokens).toBe(plain.packed.promptTokens);
-    expect(res.usage.input_tokens).toBe(plain.packed.promptTokens);
+    // In canonical (sorted) order and not: both are charged as written.
+    for (const keys of [
+      ["Business", "Sci/Tech", "Sports", "World"],
+      ["World", "Sports", "Business", "Sci/Tech"],
+    ]) {
+      const q = reorder(keys);
+      const res = await ask(engine, STATE, { topic: q });
+      const plain = prepare(lb, STATE, { topic: q }, undefined, { debias: NO_DEBIAS });
+      const debiased = prepare(lb, STATE, { topic: q }, undefined, { debias: { mode: "cyclic", maxShifts: 8 } });
+      expect(plain.packed.branches).toBe(1);
+      expect(debiased.packed.branches).toBe(4);
+      expect(debiased.packed.inputIds.length).toBeGreaterThan(plain.packed.inputIds.length + 50);
+      expect(debiased.packed.promptTokens).toBe(plain.packed.promptTokens);
+      expect(res.usage.input_tokens).toBe(plain.packed.promptTokens);
+    }
   });
 });

@@ -65,8 +65,11 @@ describe("debiased prompts", () => {
     expect(p.keys).toEqual(["b", "a", "c"]);
     expect(p.labels).toEqual(["b", "a", "c"]);
     expect(p.variants).toHaveLength(2);
-    // Canonical order a, b, c shows first.
+    // Canonical order a, b, c shows first; the caller's own wording is what is billed.
     expect(p.suffix.indexOf("- a")).toBeLessThan(p.suffix.indexOf("- b"));
+    expect(p.billedSuffix).toBe(buildQuestion(CHATML, "q", choice(["b", "a", "c"])).suffix);
+    // Already in canonical order: the first presentation is the caller's own text.
+    expect(buildPrompt(CHATML, "s", { q: choice(["a", "b", "c"]) }, CYCLIC).questions[0]!.billedSuffix).toBeUndefined();
   });
 
   it("score, high → low: the levels listed in reverse under a header that says so", () => {
