@@ -5,15 +5,14 @@
  * monotone (raw order is kept) and maps the fitted threshold to exactly 0.5.
  */
 
+import { sigmoid } from "./calibration.js";
+
 const EPS = 1e-6;
 
+/** Log-odds, clipped so that 0 and 1 stay finite. */
 export function logit(p: number): number {
   const q = Math.min(1 - EPS, Math.max(EPS, p));
   return Math.log(q / (1 - q));
-}
-
-export function sigmoid(x: number): number {
-  return 1 / (1 + Math.exp(-x));
 }
 
 export interface RecallFit {
