@@ -38,8 +38,8 @@ export class Lifecycle {
     this.draining_ = true;
   }
 
-  /** Register a request; its deadline aborts it with 504 after `deadlineMs`. */
-  track(deadlineMs: number): TrackedRequest {
+  /** Register a request; its deadline (`nominalMs` from arrival, `deadlineMs` from now) aborts it with 504. */
+  track(deadlineMs: number, nominalMs = deadlineMs): TrackedRequest {
     const ctl = new AbortController();
     this.inFlight.add(ctl);
     metrics.inFlight.inc();
@@ -47,7 +47,7 @@ export class Lifecycle {
       ctl.abort(
         new AssayError(
           "TIMEOUT",
-          `the request exceeded its deadline of ${formatMs(deadlineMs)} (ASSAY_REQUEST_TIMEOUT_MS); its queued work was cancelled and nothing was charged`,
+          `the request exceeded its deadline of ${formatMs(nominalMs)} (ASSAY_REQUEST_TIMEOUT_MS); its queued work was cancelled and nothing was charged`,
         ),
       );
     }, Math.max(0, deadlineMs));

@@ -71,7 +71,7 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
     // request does; given back once the request's work has stopped.
     const admitted = await timings.time("admission", () => admission.begin(org, request.id));
     // Deadline (504), client hang-up (504) and drain deadline (503) all abort this one signal.
-    const tracked = lifecycle.track(config.requestTimeoutMs - (performance.now() - timings.start));
+    const tracked = lifecycle.track(config.requestTimeoutMs - (performance.now() - timings.start), config.requestTimeoutMs);
     const onClose = () => {
       if (!reply.raw.writableFinished) {
         tracked.abort(new AssayError("TIMEOUT", "the client closed the connection before the answer was ready"));

@@ -1,6 +1,11 @@
 import path from "node:path";
 import fs from "node:fs";
 import { Piscina } from "piscina";
+// Keeps onnxruntime's native binding loaded in the main thread for the life
+// of the process. Without it, when a worker thread dies the library is
+// unloaded with it, and the replacement thread's load fails with "Module did
+// not self-register" (static initialisers do not run twice in one process).
+import "onnxruntime-node";
 import { ROOT, type Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";

@@ -1,0 +1,191 @@
+/**
+ * Overload and failure semantics on the real model (EnginePipeline, the
+ * default export), through the real app: 529 queue full, 504 deadline with
+ * the queued task dropped, 502 when the worker throws or dies (and is
+ * replaced), 503 while starting and while draining — none of them charged.
+ *
+ * The lane is held busy deterministically with the pool's test-only `stall`
+ * fault (ASSAY_TEST_FAULTS=1): the stalled task waits on an Atomics flag in
+ * the worker until the test releases it. No sleeps decide an outcome.
+ */
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { StartingPipeline } from "../../src/http/starting.js";
+import { metrics } from "../../src/observability/metrics.js";
+import type { EnginePipeline } from "../../src/pipeline/index.js";
+import { expectSpecError } from "../http/assertions.js";
+import { body, makeOpsApp, startFaultyEngine, until, type OpsApp } from "./helpers.js";
+
+let engine: EnginePipeline;
+let t: OpsApp | null = null;
+/** The stall armed by the running test: released after it whatever happens, so a failure cannot block the next test. */
+let stalled: (() => void) | null = null;
+const stall = () => {
+  stalled = engine.pool.injectFaultForTest("stall");
+  return stalled;
+};
+
+beforeAll(async () => {
+  engine = await startFaultyEngine(); // ASSAY_QUEUE_MAX=1: one running + one waiting per lane
+});
+afterAll(async () => {
+  await engine?.close();
+});
+afterEach(async () => {
+  stalled?.();
+  stalled = null;
+  await until(() => engine.pool.running === 0 && engine.pool.queued === 0, "the lane to be idle");
+  await t?.close();
+  t = null;
+});
+
+const post = (payload: object = body(), headers: Record<string, string> = {}) =>
+  t!.app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${t!.key}`, ...headers }, payload });
+const kinds = () => t!.accounts.ledger(t!.orgId).map((e) => [e.kind, e.note]);
+const balance = () => t!.accounts.balance(t!.orgId, Date.now());
+
+describe("529 when the inference queue is full", () => {
+  it("is answered at once with Retry-After: 1, not charged; the queued requests then succeed", async () => {
+    t = await makeOpsApp(engine);
+    const release = stall();
+    const a = post(body("first"));
+    await until(() => engine.pool.running === 1, "the first request to reach the worker");
+    const b = post(body("second"));
+    await until(() => engine.pool.queued === 1, "the second request to queue");
+    const c = await post(body("third"));
+    const detail = expectSpecError(c, 529);
+    expect(detail).toMatch(/busy.*queue is full/);
+    expect(c.headers["retry-after"]).toBe("1");
+    expect(c.json().request_id).toBe(c.headers["x-request-id"]);
+    release();
+    const [ra, rb] = await Promise.all([a, b]);
+    expect(ra.statusCode, ra.body).toBe(200);
+    expect(rb.statusCode, rb.body).toBe(200);
+    // The 529 held its tokens for a moment and released them: charged are exactly the two answers.
+    const entries = t.accounts.ledger(t.orgId);
+    const released = entries.filter((e) => e.kind === "release");
+    expect(released.map((e) => e.note)).toEqual(["error 529 MODEL_BUSY"]);
+    const settled = entries.filter((e) => e.kind === "settle");
+    expect(settled.map((e) => e.requestId).sort()).toEqual([ra.headers["x-request-id"], rb.headers["x-request-id"]].sort());
+    expect(balance().creditMicro).toBe(1_000_000 - settled.reduce((s, e) => s + e.amountMicro, 0));
+    expect(balance().heldMicro).toBe(0);
+  });
+});
+
+describe("504 when a request exceeds its deadline", () => {
+  it("the queued task is dropped at once, the running one is cut loose; nothing is charged; the lane recovers", async () => {
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: "1500" });
+    const release = stall();
+    const a = post(body("stalled in the worker"));
+    await until(() => engine.pool.running === 1, "the first request to reach the worker");
+    const b = post(body("waiting in the queue"));
+    await until(() => engine.pool.queued === 1, "the second request to queue");
+    const [ra, rb] = await Promise.all([a, b]);
+    for (const r of [ra, rb]) {
+      expect(expectSpecError(r, 504)).toMatch(/exceeded its deadline of 1500 ms \(ASSAY_REQUEST_TIMEOUT_MS\); its queued work was cancelled/);
+      expect(r.headers["retry-after"]).toBeUndefined();
+      expect(r.headers["x-total-time"]).toMatch(/^\d+\.\d$/);
+    }
+    // The waiting task never reached the worker: it was dropped from the queue.
+    expect(engine.pool.queued).toBe(0);
+    expect(engine.pool.running).toBe(1);
+    release();
+    await until(() => t!.lifecycle.inFlightCount === 0, "both requests to release their holds");
+    expect(kinds()).toEqual([
+      ["grant", "starting grant"],
+      ["hold", null],
+      ["hold", null],
+      ["release", "error 504 TIMEOUT"],
+      ["release", "error 504 TIMEOUT"],
+    ]);
+    expect(balance()).toMatchObject({ creditMicro: 1_000_000, heldMicro: 0 });
+    const ok = await post();
+    expect(ok.statusCode, ok.body).toBe(200);
+  });
+});
+
+describe("502 when the model fails", () => {
+  it("a worker that throws: 502 with a detail, not charged, the next request succeeds", async () => {
+    t = await makeOpsApp(engine);
+    engine.pool.injectFaultForTest("throw");
+    const res = await post();
+    expect(expectSpecError(res, 502)).toMatch(/the model failed: injected test fault/);
+    expect(kinds().at(-1)).toEqual(["release", "error 502 MODEL_FAILED"]);
+    expect((await post()).statusCode).toBe(200);
+  });
+
+  it("a worker that dies mid-request is replaced: 502, not charged, restart counted, healthy again within 5 s", async () => {
+    t = await makeOpsApp(engine);
+    const restartsBefore = engine.pool.restarts;
+    const metricBefore = (await metrics.workerRestarts.get()).values[0]?.value ?? 0;
+    const baseline = await post();
+    expect(baseline.statusCode).toBe(200);
+    engine.pool.injectFaultForTest("exit");
+    const res = await post();
+    expect(expectSpecError(res, 502)).toMatch(/worker failed and was restarted: worker exited with code: 70/);
+    expect(engine.pool.restarts).toBe(restartsBefore + 1);
+    expect((await metrics.workerRestarts.get()).values[0]?.value).toBe(metricBefore + 1);
+    expect(kinds().at(-1)).toEqual(["release", "error 502 MODEL_FAILED"]);
+    const charged = t.accounts.ledger(t.orgId).filter((e) => e.kind === "settle").reduce((s, e) => s + e.amountMicro, 0);
+    expect(balance()).toMatchObject({ creditMicro: 1_000_000 - charged, heldMicro: 0 });
+    // The replacement thread reloads the model before it takes the next request.
+    const t0 = performance.now();
+    const next = await post();
+    const seconds = (performance.now() - t0) / 1000;
+    console.log(`[ops] first request after the worker died: ${next.statusCode} in ${seconds.toFixed(2)} s`);
+    expect(next.statusCode, next.body).toBe(200);
+    expect(seconds).toBeLessThan(5);
+    // The reloaded model gives the same answers as before the crash.
+    const before = baseline.json().answers;
+    const after = next.json().answers;
+    expect(after.late.noul).toBeCloseTo(before.late.noul, 4);
+    expect(after.topic.probabilities.delivery).toBeCloseTo(before.topic.probabilities.delivery, 4);
+  });
+});
+
+describe("503 while the model is starting", () => {
+  it("answers 503 MODEL_STARTING with Retry-After, readiness not ready, no charge; then serves once attached", async () => {
+    const starting = new StartingPipeline(() => engine.listModels().map((m) => ({ ...m, ready: false })));
+    t = await makeOpsApp(starting);
+    const res = await post();
+    expect(expectSpecError(res, 503)).toMatch(/model is starting/);
+    expect(res.headers["retry-after"]).toBe("5");
+    const ready = await t.app.inject({ method: "GET", url: "/readyz" });
+    expectSpecError(ready, 503);
+    expect(ready.headers["retry-after"]).toBe("5");
+    expect((await t.app.inject({ method: "GET", url: "/healthz" })).statusCode).toBe(200);
+    expect((await t.app.inject({ method: "GET", url: "/health" })).json()).toMatchObject({ status: "unavailable" });
+    expect(kinds()).toEqual([["grant", "starting grant"]]);
+
+    starting.attach(engine);
+    expect((await t.app.inject({ method: "GET", url: "/readyz" })).statusCode).toBe(200);
+    expect((await t.app.inject({ method: "GET", url: "/health" })).json()).toMatchObject({ status: "ok" });
+    const ok = await post();
+    expect(ok.statusCode, ok.body).toBe(200);
+  });
+});
+
+describe("503 while draining", () => {
+  it("new requests get 503 + Retry-After at once; in-flight ones past the drain deadline are cancelled (503), not charged", async () => {
+    t = await makeOpsApp(engine);
+    const release = stall();
+    const a = post(body("in flight at shutdown"));
+    await until(() => engine.pool.running === 1, "the request to reach the worker");
+    const drained = t.lifecycle.drain(300, 10_000);
+    const refused = await post();
+    expect(expectSpecError(refused, 503)).toMatch(/shutting down/);
+    expect(refused.headers["retry-after"]).toBe("1");
+    expect(refused.headers["connection"]).toBe("close");
+    expect(expectSpecError(await t.app.inject({ method: "GET", url: "/readyz" }), 503)).toMatch(/shutting down/);
+    expect((await t.app.inject({ method: "GET", url: "/healthz" })).statusCode).toBe(200);
+    const ra = await a;
+    expect(expectSpecError(ra, 503)).toMatch(/shut down before the request finished/);
+    release();
+    expect(await drained).toEqual({ cancelled: 1, stuck: 0 });
+    expect(kinds()).toEqual([
+      ["grant", "starting grant"],
+      ["hold", null],
+      ["release", "error 503 UNAVAILABLE"],
+    ]);
+    expect(balance()).toMatchObject({ creditMicro: 1_000_000, heldMicro: 0 });
+  });
+});
