@@ -83,7 +83,7 @@ export class Metrics {
   });
 
   constructor() {
-    collectDefaultMetrics({ register: this.registry, prefix: "assay_process_" });
+    collectDefaultMetrics({ register: this.registry, prefix: "assay_" });
   }
 }
 
