@@ -218,8 +218,13 @@ export function buildPrompt(
       const [first, ...rest] = presentationOrders(q, debias);
       const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first);
       const own = first!.every((o, i) => o === i) ? null : buildQuestion(style, id, q).suffix;
+      // The labels are read in a canonical order too (sorted by text), so
+      // that the packed label trie, and with it the arithmetic, is the same
+      // whatever order the caller wrote the options in.
+      const canon = debias.mode === "off" || q.type === "noul" ? null : main.labels.map((_, i) => i).sort((a, b) => (main.labels[a]! < main.labels[b]! ? -1 : 1));
       return {
         ...main,
+        ...(canon ? { labels: canon.map((i) => main.labels[i]!), option: canon.map((i) => main.option[i]!) } : {}),
         ...(rest.length > 0 ? { variants: rest.map((o) => buildQuestion(style, id, q, o).suffix) } : {}),
         ...(own !== null ? { billedSuffix: own } : {}),
       };

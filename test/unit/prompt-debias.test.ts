@@ -60,10 +60,13 @@ describe("debiased prompts", () => {
     expect(suffixes(choice(["World", "Sports"]), NO_DEBIAS)).not.toEqual(suffixes(choice(["Sports", "World"]), NO_DEBIAS));
   });
 
-  it("labels and option indices stay in the caller's order in every presentation", () => {
+  it("keys stay in the caller's order; labels are read in a canonical order, mapped back to their options", () => {
     const p = buildPrompt(CHATML, "s", { q: choice(["b", "a", "c"]) }, CYCLIC).questions[0]!;
     expect(p.keys).toEqual(["b", "a", "c"]);
-    expect(p.labels).toEqual(["b", "a", "c"]);
+    expect(p.labels).toEqual(["a", "b", "c"]);
+    expect(p.option).toEqual([1, 0, 2]);
+    const r = buildPrompt(CHATML, "s", { q: choice(["c", "b", "a"]) }, CYCLIC).questions[0]!;
+    expect(r.labels).toEqual(p.labels);
     expect(p.variants).toHaveLength(2);
     // Canonical order a, b, c shows first; the caller's own wording is what is billed.
     expect(p.suffix.indexOf("- a")).toBeLessThan(p.suffix.indexOf("- b"));
