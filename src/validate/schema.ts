@@ -8,6 +8,12 @@ export const LIMITS = {
   levels: { min: 2, max: 255 },
   bodyBytes: 1024 * 1024, // 1 MiB
   codeSearchStateChars: 2_000_000,
+  /**
+   * Nesting levels of a JSON state. A 1 MiB body can nest arrays ~500,000
+   * deep; rendering such a state (JSON.stringify, recursive) overflows the
+   * stack, so the depth is refused up front (422) instead of failing (500).
+   */
+  stateDepth: 512,
 } as const;
 
 const instructions = z.string().optional();
@@ -48,9 +54,26 @@ export type NoulQuestion = z.infer<typeof NoulQuestion>;
 export type ChoiceQuestion = z.infer<typeof ChoiceQuestion>;
 export type ScoreQuestion = z.infer<typeof ScoreQuestion>;
 
-export const State = z.union([z.string(), z.record(z.string(), z.unknown()), z.array(z.unknown())], {
-  error: "state must be a string, an object or an array",
-});
+/** Whether a parsed JSON value nests objects/arrays more than `max` levels deep. Iterative: no recursion on caller data. */
+export function nestedDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (depth > max) return true;
+    for (const child of Array.isArray(v) ? v : Object.values(v as object)) {
+      if (child !== null && typeof child === "object") stack.push([child, depth + 1]);
+    }
+  }
+  return false;
+}
+
+export const State = z
+  .union([z.string(), z.record(z.string(), z.unknown()), z.array(z.unknown())], {
+    error: "state must be a string, an object or an array",
+  })
+  .refine((s) => typeof s === "string" || !nestedDeeperThan(s, LIMITS.stateDepth), {
+    message: `a JSON state may nest objects and arrays at most ${LIMITS.stateDepth} levels deep`,
+  });
 export type State = z.infer<typeof State>;
 
 /**

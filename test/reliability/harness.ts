@@ -23,7 +23,7 @@ export const FIGURES = {
   /** The load test's sending time, seconds. */
   loadSeconds: Number(process.env.ASSAY_RELIABILITY_LOAD_SECONDS ?? (FULL ? 600 : 30)),
   /** Property-based cases over bodies, headers and content types. */
-  fuzzCases: Number(process.env.ASSAY_RELIABILITY_FUZZ_CASES ?? (FULL ? 10_000 : 300)),
+  fuzzCases: Number(process.env.ASSAY_RELIABILITY_FUZZ_CASES ?? (FULL ? 10_000 : 500)),
   /** Seconds of load before the server is SIGKILLed. */
   loadBeforeKillSeconds: FULL ? 20 : 4,
   /** Bytes streamed in the oversized-body test. */
