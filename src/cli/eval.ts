@@ -14,6 +14,8 @@ import { EnginePipeline } from "../pipeline/index.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
 import { checkCalibration, readCalibrationFile } from "../models/manifest.js";
 import { calibrationForMode } from "../probability/index.js";
+import { debiasCostTable, measureDebiasCost, type DebiasCost } from "../eval/cost.js";
+import type { Debias } from "../prompt/index.js";
 import { runDatasets, type Progress } from "../eval/runner.js";
 import { summarize } from "../eval/summary.js";
 import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
@@ -153,6 +155,22 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
   }
 }
 
+/** `--debias-cost N`: engine time and tokens with and without debiasing, on N requests per file. */
+export async function debiasCostCommand(opts: EvalCliOptions & { requests: number }, io: CliIO): Promise<DebiasCost[]> {
+  const datasets = opts.data.map((f) => readDataset(f, opts.limit, opts.split));
+  const config = loadConfig(io.env);
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  try {
+    const lb = pipeline.build(opts.model);
+    const debias: Debias = { mode: "cyclic", maxShifts: opts.shifts ?? config.debiasMaxShifts };
+    const rows = await measureDebiasCost(pipeline, lb, datasets, debias, opts.requests);
+    io.stdout(debiasCostTable(rows, debias));
+    return rows;
+  } finally {
+    await pipeline.close();
+  }
+}
+
 export function registerEvalCommand(program: Command, io: CliIO): void {
   program
     .command("eval")
@@ -164,6 +182,7 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
     .option("--debias <mode>", "off | cyclic (default: ASSAY_DEBIAS)")
     .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
     .option("--calibration <file|none>", "calibration to apply: none, or a fit file for this build (default: what the build loads)")
+    .option("--debias-cost <n>", "instead of evaluating: time N requests per file with and without debiasing, alternately", positiveInt("--debias-cost"))
     .option("--out <dir>", "output folder (default bench/out/eval/<model>-<timestamp>/)")
     .option("--no-flip", "skip the reversed-option-order pass (flip rate) for choice and score")
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
@@ -178,7 +197,24 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
       debias?: string;
       shifts?: number;
       calibration?: string;
+      debiasCost?: number;
     }) => {
+      if (o.debiasCost !== undefined) {
+        await debiasCostCommand(
+          {
+            model: o.model,
+            data: o.data,
+            flip: false,
+            concurrency: 1,
+            requests: o.debiasCost,
+            ...(o.limit !== undefined ? { limit: o.limit } : {}),
+            ...(o.split !== undefined ? { split: o.split } : {}),
+            ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
+          },
+          io,
+        );
+        return;
+      }
       if (o.debias !== undefined && o.debias !== "off" && o.debias !== "cyclic") throw new Error(`--debias must be off or cyclic, got "${o.debias}"`);
       await evalCommand(
         {
