@@ -131,6 +131,7 @@ describe("an inference worker killed mid-request", () => {
       // B waited in the queue while the replacement thread reloaded the model.
       const rb = await B;
       const recoveredMs = performance.now() - diedAt;
+      recordFigures("worker-killed", { recoveredMs: Math.round(recoveredMs) });
       expect(rb.status, rb.text).toBe(200);
       expect(recoveredMs).toBeLessThan(5000);
       const rc = await score(s.url, key, smallBody(3));
@@ -154,7 +155,6 @@ describe("an inference worker killed mid-request", () => {
       } finally {
         check.close();
       }
-      recordFigures("worker-killed", { recoveredMs: Math.round(recoveredMs) });
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
