@@ -36,6 +36,12 @@ export interface PgStoreOptions extends StoreOptions {
   schema?: string;
   /** Pool size per process. */
   maxConnections?: number;
+  /**
+   * How long one query may wait for its answer, ms (default 5000). A database
+   * behind a network partition keeps connections open and silent; without a
+   * bound a request would hang on it instead of getting 503.
+   */
+  queryTimeoutMs?: number;
 }
 
 const SCHEMA_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
@@ -133,8 +139,10 @@ export class PgAccountsStore implements AccountsStore, CreditStore {
     const pool = new pg.Pool({
       connectionString: options.connectionString,
       max: options.maxConnections ?? 10,
-      // A database that does not answer fails the request (503) instead of hanging it.
+      // A database that does not answer fails the request (503) instead of hanging it:
+      // neither a new connection nor a query on an open one waits for ever.
       connectionTimeoutMillis: 5000,
+      query_timeout: options.queryTimeoutMs ?? 5000,
       ...(schema !== null ? { options: `-c search_path=${schema}` } : {}),
     });
     // An idle client losing its connection must not crash the process.
@@ -155,16 +163,26 @@ export class PgAccountsStore implements AccountsStore, CreditStore {
 
   private async tx<T>(fn: (c: Q) => Promise<T>): Promise<T> {
     const c = await this.pool.connect();
+    // A connection that failed (timed out, reset) is discarded, not pooled:
+    // a timed-out query may still be pending on it, and everything queued
+    // behind it would hang. Closing it rolls the transaction back server-side.
+    let broken: Error | undefined;
     try {
       await c.query("BEGIN");
       const out = await fn(c);
       await c.query("COMMIT");
       return out;
     } catch (e) {
-      await c.query("ROLLBACK").catch(() => {});
+      if (e instanceof pg.DatabaseError) {
+        await c.query("ROLLBACK").catch((err: unknown) => {
+          broken = err instanceof Error ? err : new Error(String(err));
+        });
+      } else {
+        broken = e instanceof Error ? e : new Error(String(e));
+      }
       throw e;
     } finally {
-      c.release();
+      c.release(broken);
     }
   }
 

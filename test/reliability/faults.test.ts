@@ -253,10 +253,15 @@ describe("the server process SIGKILLed under load and restarted (PostgreSQL + Re
   });
 });
 
-/** A TCP proxy between the server and PostgreSQL that the test can cut and restore. */
+/**
+ * A TCP proxy between the server and PostgreSQL that the test can cut
+ * (connections refused and reset) or freeze (connections stay open, nothing
+ * comes back: a network partition), and restore.
+ */
 class CuttableProxy {
   private server: net.Server | null = null;
   private readonly sockets = new Set<net.Socket>();
+  private frozen = false;
   port = 0;
 
   constructor(
@@ -266,6 +271,10 @@ class CuttableProxy {
 
   async up(): Promise<void> {
     const server = net.createServer((client) => {
+      this.sockets.add(client);
+      client.on("close", () => this.sockets.delete(client));
+      client.on("error", () => {});
+      if (this.frozen) return; // accepted, never answered
       const upstream = net.connect(this.targetPort, this.targetHost);
       for (const s of [client, upstream]) {
         this.sockets.add(s);
@@ -281,8 +290,24 @@ class CuttableProxy {
       server.once("error", reject);
       server.listen(this.port, "127.0.0.1", () => resolve());
     });
+    this.frozen = false;
     this.port = (server.address() as net.AddressInfo).port;
     this.server = server;
+  }
+
+  /** The database stops answering: open connections and new ones hang, with no error and no reset. */
+  freeze(): void {
+    this.frozen = true;
+    for (const s of this.sockets) {
+      s.unpipe();
+      s.pause();
+    }
+  }
+
+  /** The partition heals: the hung connections are reset, new ones are forwarded again. */
+  thaw(): void {
+    this.frozen = false;
+    for (const s of this.sockets) s.destroy();
   }
 
   /** The database vanishes: no new connections, and every open one is cut. */
@@ -366,6 +391,53 @@ describe("the database unavailable (PostgreSQL mode)", () => {
       expect(await store.balance(org.id, Date.now())).toMatchObject({ creditMicro: 1_000_000 - charged, heldMicro: 0 });
       const audit = await store.audit(org.id);
       expect(audit.derived).toEqual(audit.kept);
+    } finally {
+      await proxy.down();
+      await store.close();
+    }
+  });
+});
+
+describe("the database stops answering (PostgreSQL mode, connections hang)", () => {
+  it("requests get 503 with Retry-After after the store's timeouts instead of hanging; nothing charged; recovery when it answers again", async () => {
+    const target = new URL(PG_URL);
+    const proxy = new CuttableProxy(target.hostname, Number(target.port || 5432));
+    await proxy.up();
+    const viaProxy = new URL(PG_URL);
+    viaProxy.port = String(proxy.port);
+    const schema = newSchema("dbhang");
+    const store = await PgAccountsStore.open({ connectionString: PG_URL, schema, startingGrantMicro: 1_000_000, maxConnections: 2 });
+    try {
+      const { key, org } = await store.createKey("acme");
+      keys.push(key);
+      const s = await start({ ASSAY_DATABASE_URL: viaProxy.toString(), ASSAY_DATABASE_SCHEMA: schema, ASSAY_REDIS_URL: REDIS_URL, ASSAY_REDIS_PREFIX: PREFIX });
+      const before = await score(s.url, key, smallBody(0), { "x-request-id": "hang-before" });
+      expect(before.status, before.text).toBe(200);
+
+      proxy.freeze();
+      // Not a timing assertion: a bound far above the store's timeouts, so a hung request fails the test instead of stalling it.
+      for (let i = 0; i < 3; i++) {
+        const r = await score(s.url, key, smallBody(i), { "x-request-id": `hang-${i}` }, AbortSignal.timeout(45_000));
+        expect(r.status, r.text).toBe(503);
+        expect(r.headers.get("retry-after")).toBe("1");
+      }
+
+      proxy.thaw();
+      let recovered: Awaited<ReturnType<typeof score>> | null = null;
+      await until(async () => {
+        const r = await score(s.url, key, smallBody(1), { "x-request-id": `hang-back-${Date.now()}` }, AbortSignal.timeout(45_000));
+        expect([200, 503]).toContain(r.status);
+        if (r.status === 200) recovered = r;
+        return r.status === 200;
+      }, "the service to recover once the database answers", 60_000);
+
+      const ledger = await store.ledger(org.id);
+      expectClosedHolds(ledger);
+      const settles = ledger.filter((e) => e.kind === "settle");
+      expect(settles.map((e) => e.requestId)).toEqual(["hang-before", recovered!.headers.get("x-request-id")]);
+      const audit = await store.audit(org.id);
+      expect(audit.derived).toEqual(audit.kept);
+      expect(audit.kept.heldMicro).toBe(0);
     } finally {
       await proxy.down();
       await store.close();
