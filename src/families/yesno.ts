@@ -41,21 +41,25 @@ export function branchCost(b: EncodedQuestion): number {
   return b.suffix.length + b.labels.reduce((s, l) => s + l.length, 0) + 1;
 }
 
-/** Groups branch indices into passes of at most `limit` tokens each (prefix included). */
+/**
+ * Groups branch indices into passes. The graph pads every branch of a pass to
+ * the pass's longest one (attention is [branches × longest × (prefix +
+ * longest)]), so the budget counts padded tokens: longest-first, a pass takes
+ * branches while prefix + count × longest stays within `limit`. Branches of
+ * similar length end up together and memory stays bounded by the limit.
+ */
 export function planPasses(prefixLength: number, costs: readonly number[], limit: number): number[][] {
   const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
   const passes: number[][] = [];
   let cur: number[] = [];
-  let used = prefixLength;
+  let longest = 0;
   for (const i of order) {
-    const c = costs[i]!;
-    if (cur.length > 0 && used + c > limit) {
+    if (cur.length > 0 && prefixLength + (cur.length + 1) * longest > limit) {
       passes.push(cur);
       cur = [];
-      used = prefixLength;
     }
+    if (cur.length === 0) longest = costs[i]!;
     cur.push(i);
-    used += c;
   }
   if (cur.length > 0) passes.push(cur);
   return passes;
