@@ -47,7 +47,7 @@ const Env = z.object({
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic"),
-  /** Presentations per choice question at most under `cyclic` (score questions use 2). */
+  /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
   ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large

@@ -31,10 +31,10 @@ describe("presentationOrders", () => {
     for (let pos = 0; pos < 4; pos++) expect(new Set(orders.map((o) => o[pos])).size).toBe(4);
   });
 
-  it("cyclic with more options than maxShifts: evenly spread shifts", () => {
-    const keys = Array.from({ length: 10 }, (_, i) => `k${i}`);
-    const orders = presentationOrders(choice(keys), { mode: "cyclic", maxShifts: 3 });
-    expect(orders.map((o) => o[0])).toEqual([0, 3, 6]);
+  it("cyclic with more options than maxShifts: the canonical order alone", () => {
+    const keys = Array.from({ length: 10 }, (_, i) => `k${9 - i}`);
+    expect(presentationOrders(choice(keys), { mode: "cyclic", maxShifts: 8 })).toEqual([[9, 8, 7, 6, 5, 4, 3, 2, 1, 0]]);
+    expect(presentationOrders(choice(keys), { mode: "cyclic", maxShifts: 10 })).toHaveLength(10);
   });
 
   it("score: low → high and high → low, never rotated", () => {
