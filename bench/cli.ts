@@ -3,7 +3,8 @@
  * its named baseline in the same run and reports ratios (machines are noisy;
  * absolute times are for orientation only). Results: bench/out/<scenario>-<time>.{json,md}
  * (and .svg for latency and batch). Scenarios: state-sharing, latency (the krite-bench matrix in
- * layers, with the naive and llama.cpp baselines), batch (assay batch grouped vs ungrouped).
+ * layers, with the naive and llama.cpp baselines), batch (assay batch grouped vs ungrouped),
+ * families (code search and fact check names vs one request per item).
  */
 import { Command } from "commander";
 import { loadConfig } from "../src/config/index.js";
@@ -14,6 +15,7 @@ import path from "node:path";
 import { InvalidArgumentError } from "commander";
 import { ROOT } from "../src/config/index.js";
 import { batchScenario } from "./batch.js";
+import { familiesScenario } from "./families.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
 import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
 
@@ -190,6 +192,16 @@ program
   .option("--concurrency <n>", "batch concurrency", int("--concurrency"), 2)
   .action(async (o: { states: number; perState: number; stateTokens: number; concurrency: number }) => {
     await batchScenario(o, command());
+  });
+
+program
+  .command("families")
+  .description("code search and fact check names: latency per request vs one request per item (naive)")
+  .option("--code-rows <n>", "code search dev rows (30 items each)", int("--code-rows"), 3)
+  .option("--fact-rows <n>", "fact check requests (a document with its claims)", int("--fact-rows"), 4)
+  .option("--naive-sample <n>", "items per request timed alone for the naive baseline", int("--naive-sample"), 4)
+  .action(async (o: { codeRows: number; factRows: number; naiveSample: number }) => {
+    await familiesScenario(o, command());
   });
 
 await program.parseAsync(process.argv);

@@ -26,6 +26,7 @@ import { encodeBranches, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /** Prompt tokens above which an item is not scored (spec: overflow). */
 export const ITEM_TOKEN_LIMIT = 8192;
+const PASS_TOKENS = 4096;
 
 export interface CodeSearchDetail {
   raw: number;
@@ -106,7 +107,11 @@ export async function runCodeSearch(
     // The hold covers the worst case: every scored item re-sent to the large build.
     await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
 
-    const limit = Math.max(fam.maxPackedTokens, ITEM_TOKEN_LIMIT + 64);
+    // Passes of at most PASS_TOKENS padded tokens: attention work per token is
+    // the same in smaller passes, and peak memory (heads × branches × longest ×
+    // (prefix + longest) scores) stays near 1 GB. An item longer than that
+    // (up to the 8,192-token item limit) gets a pass of its own.
+    const limit = Math.min(fam.maxPackedTokens, PASS_TOKENS);
     const small = scored.length ? await scoreYesNo(fam.pool, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
     let raw = small.p;
     let largeP: number[] = raw.map(() => NaN);
