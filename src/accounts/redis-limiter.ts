@@ -61,6 +61,12 @@ export interface RedisLimiterOptions {
   leaseMs: number;
   /** Told when a renewal fails or finds the lease gone. */
   onWarning?: (obj: object, msg: string) => void;
+  /**
+   * How long one command may wait for its reply, ms (default 5000). Redis
+   * behind a network partition keeps the connection open and silent; without
+   * a bound, admission (and a slot's release) would hang instead of 503.
+   */
+  commandTimeoutMs?: number;
 }
 
 export class RedisLimiter implements ConcurrencyLimiter {
@@ -71,7 +77,7 @@ export class RedisLimiter implements ConcurrencyLimiter {
 
   constructor(private readonly options: RedisLimiterOptions) {
     if (!(options.leaseMs >= 300)) throw new Error("slot lease must be at least 300 ms");
-    const redis = new Redis(options.url, { maxRetriesPerRequest: 2, lazyConnect: false });
+    const redis = new Redis(options.url, { maxRetriesPerRequest: 2, lazyConnect: false, commandTimeout: options.commandTimeoutMs ?? 5000 });
     redis.on("error", (err: Error) => options.onWarning?.({ err: err.message }, "redis connection error"));
     redis.defineCommand("slotAcquire", { numberOfKeys: 1, lua: ACQUIRE });
     redis.defineCommand("slotRenew", { numberOfKeys: 1, lua: RENEW });

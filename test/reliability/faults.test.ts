@@ -27,6 +27,7 @@ import { ROOT } from "../../src/config/index.js";
 import type { LedgerEntry } from "../../src/accounts/types.js";
 import {
   FIGURES,
+  FULL,
   PG_URL,
   REDIS_URL,
   RUN,
@@ -416,7 +417,7 @@ describe("the database stops answering (PostgreSQL mode, connections hang)", () 
 
       proxy.freeze();
       // Not a timing assertion: a bound far above the store's timeouts, so a hung request fails the test instead of stalling it.
-      for (let i = 0; i < 3; i++) {
+      for (let i = 0; i < (FULL ? 3 : 1); i++) {
         const r = await score(s.url, key, smallBody(i), { "x-request-id": `hang-${i}` }, AbortSignal.timeout(45_000));
         expect(r.status, r.text).toBe(503);
         expect(r.headers.get("retry-after")).toBe("1");
@@ -441,6 +442,65 @@ describe("the database stops answering (PostgreSQL mode, connections hang)", () 
     } finally {
       await proxy.down();
       await store.close();
+    }
+  });
+});
+
+describe("Redis (the concurrency slots) stops answering, then goes away", () => {
+  it("503 with Retry-After in both cases instead of a hang, nothing charged; recovery when it is back", async () => {
+    const target = new URL(REDIS_URL);
+    const proxy = new CuttableProxy(target.hostname, Number(target.port || 6379));
+    await proxy.up();
+    const viaProxy = new URL(REDIS_URL);
+    viaProxy.port = String(proxy.port);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-reliability-redis-"));
+    try {
+      const store = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
+      const { key, org } = store.createKey("acme");
+      keys.push(key);
+      store.close();
+      const s = await start({ ASSAY_DATA_DIR: dir, ASSAY_REDIS_URL: viaProxy.toString(), ASSAY_REDIS_PREFIX: PREFIX });
+      const ok = async (id: string) => {
+        let got: Awaited<ReturnType<typeof score>> | null = null;
+        await until(async () => {
+          const r = await score(s.url, key, smallBody(1), { "x-request-id": `${id}-${Date.now()}` }, AbortSignal.timeout(45_000));
+          expect([200, 503]).toContain(r.status);
+          if (r.status === 200) got = r;
+          return r.status === 200;
+        }, "a 200 with Redis reachable", 60_000);
+        return got!;
+      };
+      const answered = [await ok("redis-before")];
+      const refused = async (phase: string) => {
+        for (let i = 0; i < (FULL ? 3 : 1); i++) {
+          const r = await score(s.url, key, smallBody(i), { "x-request-id": `${phase}-${i}` }, AbortSignal.timeout(45_000));
+          expect(r.status, `${phase}: ${r.text}`).toBe(503);
+          expect(r.headers.get("retry-after")).toBe("1");
+        }
+      };
+      proxy.freeze();
+      await refused("redis-frozen");
+      proxy.thaw();
+      answered.push(await ok("redis-thawed"));
+      await proxy.down();
+      await refused("redis-down");
+      await proxy.up();
+      answered.push(await ok("redis-back"));
+
+      const check = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
+      try {
+        const ledger = check.ledger(org.id);
+        expectClosedHolds(ledger);
+        expect(ledger.filter((e) => e.kind === "settle").map((e) => e.requestId)).toEqual(answered.map((r) => r.headers.get("x-request-id")));
+        const audit = check.audit(org.id);
+        expect(audit.derived).toEqual(audit.kept);
+        expect(audit.kept.heldMicro).toBe(0);
+      } finally {
+        check.close();
+      }
+    } finally {
+      await proxy.down();
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });
