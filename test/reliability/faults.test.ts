@@ -346,6 +346,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
 
       const before = await score(s.url, key, smallBody(0), { "x-request-id": "db-before" });
       expect(before.status, before.text).toBe(200);
+      const refusedMs: number[] = [];
 
       // In flight when the database goes: held, in the model (stalled), then it cannot settle.
       const stall = await fault({ kind: "stall" });
@@ -363,6 +364,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
       for (let i = 0; i < 5; i++) {
         const r = await score(s.url, key, smallBody(i), { "x-request-id": `db-down-${i}` });
         during.push(r.status);
+        refusedMs.push(Math.round(r.ms));
         expect(r.status, r.text).toBe(503);
         expect(r.headers.get("retry-after")).toBe("1");
         expect(typeof (r.json as { detail: unknown }).detail).toBe("string");
@@ -388,6 +390,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
       expect(settles.map((e) => e.requestId)).toEqual(["db-before", recovered!.headers.get("x-request-id")]);
       const mids = ledger.filter((e) => e.requestId === "db-mid").map((e) => [e.kind, e.note]);
       expect(mids).toEqual([["hold", null], ["release", "expired"]]);
+      recordFigures("database-cut", { refused503: during.length + 1, refusedMs, inFlightSettleFailed: "503, hold expired unclaimed" });
       const charged = [before, recovered!].reduce((sum, r) => sum + chargeFor((r.json as { usage: { input_tokens: number } }).usage.input_tokens, PRICE), 0);
       expect(await store.balance(org.id, Date.now())).toMatchObject({ creditMicro: 1_000_000 - charged, heldMicro: 0 });
       const audit = await store.audit(org.id);
@@ -417,11 +420,14 @@ describe("the database stops answering (PostgreSQL mode, connections hang)", () 
 
       proxy.freeze();
       // Not a timing assertion: a bound far above the store's timeouts, so a hung request fails the test instead of stalling it.
+      const refusedMs: number[] = [];
       for (let i = 0; i < (FULL ? 3 : 1); i++) {
         const r = await score(s.url, key, smallBody(i), { "x-request-id": `hang-${i}` }, AbortSignal.timeout(45_000));
+        refusedMs.push(Math.round(r.ms));
         expect(r.status, r.text).toBe(503);
         expect(r.headers.get("retry-after")).toBe("1");
       }
+      recordFigures("database-frozen", { refusedMs });
 
       proxy.thaw();
       let recovered: Awaited<ReturnType<typeof score>> | null = null;
@@ -471,9 +477,11 @@ describe("Redis (the concurrency slots) stops answering, then goes away", () => 
         return got!;
       };
       const answered = [await ok("redis-before")];
+      const refusedMs: Record<string, number[]> = {};
       const refused = async (phase: string) => {
         for (let i = 0; i < (FULL ? 3 : 1); i++) {
           const r = await score(s.url, key, smallBody(i), { "x-request-id": `${phase}-${i}` }, AbortSignal.timeout(45_000));
+          (refusedMs[phase] ??= []).push(Math.round(r.ms));
           expect(r.status, `${phase}: ${r.text}`).toBe(503);
           expect(r.headers.get("retry-after")).toBe("1");
         }
@@ -486,6 +494,7 @@ describe("Redis (the concurrency slots) stops answering, then goes away", () => 
       await refused("redis-down");
       await proxy.up();
       answered.push(await ok("redis-back"));
+      recordFigures("redis-frozen-then-cut", { refusedMs });
 
       const check = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
       try {
