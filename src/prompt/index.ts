@@ -102,7 +102,13 @@ function optionQuestion(style: PromptStyle, id: string, type: "choice" | "score"
  * order they are shown; labels, keys and option indices never move, so every
  * presentation of a question is read back over the same labels.
  */
-export function buildQuestion(style: PromptStyle, id: string, q: Question, order?: readonly number[]): QuestionPrompt {
+export function buildQuestion(
+  style: PromptStyle,
+  id: string,
+  q: Question,
+  order?: readonly number[],
+  opts: { debiased?: boolean } = {},
+): QuestionPrompt {
   const ask = q.instructions?.trim();
   switch (q.type) {
     case "noul": {
@@ -136,12 +142,17 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question, order
     case "score": {
       const shown = order ?? q.criteria.map((_, i) => i);
       const descending = shown.length > 1 && shown.every((i, j) => i === shown.length - 1 - j);
+      const named = shortNames(q.criteria);
       const lines = [
         `Question: ${ask && ask.length > 0 ? ask : "Where does the state fall on this scale?"}`,
-        descending ? "Levels, from highest to lowest:" : "Levels, from lowest to highest:",
+        // Debiased named levels carry no direction word: the two presentations
+        // (up, down) are then the same pair of texts for a scale and for its
+        // reverse, so the answer cannot depend on which way the caller wrote it.
+        // The names carry their meaning; the caller's order only sets the numbers.
+        named && opts.debiased ? "Levels:" : descending ? "Levels, from highest to lowest:" : "Levels, from lowest to highest:",
       ];
       const numbers = q.criteria.map((_, i) => String(i));
-      if (!shortNames(q.criteria)) {
+      if (!named) {
         for (const i of shown) lines.push(`${i}: ${q.criteria[i]!}`);
         lines.push("Answer with the level number only.");
         return optionQuestion(style, id, "score", lines, numbers);
@@ -172,8 +183,9 @@ export function buildQuestion(style: PromptStyle, id: string, q: Question, order
  *   the set of options, so the answer cannot depend on the order the caller
  *   wrote them in.
  * - `score`: levels are ordered by meaning, so they are not rotated; they are
- *   shown low → high and high → low (m ≥ 2), which cancels a lean towards
- *   the first or last listed level.
+ *   shown low → high and high → low (maxShifts ≥ 2), which cancels a lean
+ *   towards the first or last listed level. Named levels are then listed
+ *   under a header without a direction (see buildQuestion).
  * - `noul`: one presentation (yes/no have no order to remove).
  */
 export interface Debias {
@@ -218,8 +230,10 @@ export function buildPrompt(
     prefix: buildPrefix(style, state),
     questions: Object.entries(questions).map(([id, q]) => {
       const [first, ...rest] = presentationOrders(q, debias);
-      const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first);
-      const own = first!.every((o, i) => o === i) ? null : buildQuestion(style, id, q).suffix;
+      const debiased = debias.mode !== "off";
+      const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first, { debiased });
+      const plain = debiased ? buildQuestion(style, id, q).suffix : main.suffix;
+      const own = plain === main.suffix ? null : plain;
       // The labels are read in a canonical order too (sorted by text), so
       // that the packed label trie, and with it the arithmetic, is the same
       // whatever order the caller wrote the options in.
@@ -227,7 +241,7 @@ export function buildPrompt(
       return {
         ...main,
         ...(canon ? { labels: canon.map((i) => main.labels[i]!), option: canon.map((i) => main.option[i]!) } : {}),
-        ...(rest.length > 0 ? { variants: rest.map((o) => buildQuestion(style, id, q, o).suffix) } : {}),
+        ...(rest.length > 0 ? { variants: rest.map((o) => buildQuestion(style, id, q, o, { debiased }).suffix) } : {}),
         ...(own !== null ? { billedSuffix: own } : {}),
       };
     }),

@@ -60,10 +60,9 @@ describe("option-order debiasing on the real model", () => {
     const down = (
       await ask(engine, STATE, { s: { type: "score", instructions: "How positive is the news for the company?", criteria: [...levels].reverse() } })
     ).answers.s as ScoreAnswer;
-    // The two requests differ only in the header's direction words, so the
-    // mirrored probabilities agree closely but not to the packing noise.
-    for (let i = 0; i < 5; i++) expect(Math.abs(up.probabilities[String(i)]! - down.probabilities[String(4 - i)]!)).toBeLessThanOrEqual(0.05);
-    expect(Math.abs(up.score - (4 - down.score))).toBeLessThanOrEqual(0.1);
+    // Both requests show the same two texts (up and down, no direction word).
+    for (let i = 0; i < 5; i++) expect(Math.abs(up.probabilities[String(i)]! - down.probabilities[String(4 - i)]!)).toBeLessThanOrEqual(TOL);
+    expect(Math.abs(up.score - (4 - down.score))).toBeLessThanOrEqual(4 * TOL);
   });
 
   it("usage counts the prefix and the caller's own question once, whatever the debias setting", async () => {

@@ -75,14 +75,20 @@ describe("debiased prompts", () => {
     expect(buildPrompt(CHATML, "s", { q: choice(["a", "b", "c"]) }, CYCLIC).questions[0]!.billedSuffix).toBeUndefined();
   });
 
-  it("score, high → low: the levels listed in reverse under a header that says so", () => {
+  it("score: named levels up and down under a header without direction, the same pair for a scale and its reverse", () => {
     const q: Question = { type: "score", instructions: "How positive?", criteria: ["negative", "neutral", "positive"] };
     const [up, down] = suffixes(q, CYCLIC);
-    expect(up).toMatch(/from lowest to highest:\n- negative\n- neutral\n- positive\n/);
-    expect(down).toMatch(/from highest to lowest:\n- positive\n- neutral\n- negative\n/);
+    expect(up).toMatch(/Levels:\n- negative\n- neutral\n- positive\n/);
+    expect(down).toMatch(/Levels:\n- positive\n- neutral\n- negative\n/);
+    const rev: Question = { ...q, criteria: ["positive", "neutral", "negative"] };
+    expect([...suffixes(rev, CYCLIC)].sort()).toEqual([up, down].sort());
+    // Billing reads the caller's own wording (with its direction words).
+    expect(buildPrompt(CHATML, "s", { q }, CYCLIC).questions[0]!.billedSuffix).toMatch(/from lowest to highest/);
+    // Without debiasing the direction is stated as before.
+    expect(buildQuestion(CHATML, "s", q, [2, 1, 0]).suffix).toMatch(/from highest to lowest:\n- positive\n- neutral\n- negative\n/);
     // Numbered levels keep their numbers when listed in reverse.
     const long = ["a".repeat(50), "b".repeat(50)];
-    const rev = buildQuestion(CHATML, "s", { type: "score", criteria: long }, [1, 0]).suffix;
-    expect(rev.indexOf(`1: ${long[1]}`)).toBeLessThan(rev.indexOf(`0: ${long[0]}`));
+    const numbered = buildQuestion(CHATML, "s", { type: "score", criteria: long }, [1, 0]).suffix;
+    expect(numbered.indexOf(`1: ${long[1]}`)).toBeLessThan(numbered.indexOf(`0: ${long[0]}`));
   });
 });
