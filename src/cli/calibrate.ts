@@ -193,7 +193,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
       fitted_at: new Date().toISOString(),
       temperatures: maps.temperatures,
       platt: maps.platt,
-      cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after })),
+      cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after, ece_floor: r.floor })),
     });
     io.stdout(crossValidationTable(cv, opts.folds));
     io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\n`);

@@ -144,6 +144,34 @@ export interface CrossValidation {
   before: CalibrationScore;
   /** Out-of-fold: each item scored by maps fitted on the other folds. */
   after: CalibrationScore;
+  /**
+   * The ECE that a perfectly calibrated model with the same (out-of-fold)
+   * confidences would show on this many items, from sampling alone: the
+   * floor under which a measured ECE means nothing at this n.
+   */
+  floor: number | null;
+}
+
+/** Mean ECE over `draws` outcome sets drawn as Bernoulli(confidence): what a calibrated model scores at this n. */
+export function eceFloor(confidence: readonly number[], draws = 400, nBins = 15): number | null {
+  if (confidence.length === 0) return null;
+  // A fixed-seed PRNG (mulberry32): the same figure on every run.
+  let a = 0x9e3779b9;
+  const rand = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  let sum = 0;
+  for (let d = 0; d < draws; d++) sum += reliability(confidence, confidence.map((c) => rand() < c), nBins).ece ?? 0;
+  return sum / draws;
+}
+
+/** The predicted class's probability, as ECE reads it. */
+function predictedConfidence(type: TaskType, p: readonly number[]): number {
+  return type === "noul" ? Math.max(p[0]!, 1 - p[0]!) : Math.max(...p);
 }
 
 /**
@@ -172,12 +200,14 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
     const mine = items.filter((it) => it.dataset === ds);
     const type = mine[0]!.type;
     const gold = mine.map((it) => it.gold);
+    const after = mine.map((it) => oof.get(it)!);
     out.push({
       dataset: ds,
       type,
       key: keyOf(mine[0]!),
       before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
-      after: scoreProbabilities(type, mine.map((it) => oof.get(it)!), gold),
+      after: scoreProbabilities(type, after, gold),
+      floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
     });
   }
   return out;
@@ -187,11 +217,11 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
 export function crossValidationTable(rows: readonly CrossValidation[], folds: number): string {
   const f = (x: number | null) => (x === null ? "–" : x.toFixed(3));
   const lines = [
-    `| dataset | key | n | accuracy before | accuracy after (${folds}-fold) | ECE before | ECE after (${folds}-fold) | NLL before | NLL after |`,
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    `| dataset | key | n | accuracy before | accuracy after (${folds}-fold) | ECE before | ECE after (${folds}-fold) | ECE of a calibrated model at this n | NLL before | NLL after |`,
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ...rows.map(
       (r) =>
-        `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.after.accuracy)} | ${f(r.before.ece)} | ${f(r.after.ece)} | ${f(r.before.nll)} | ${f(r.after.nll)} |`,
+        `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.after.accuracy)} | ${f(r.before.ece)} | ${f(r.after.ece)} | ${f(r.floor)} | ${f(r.before.nll)} | ${f(r.after.nll)} |`,
     ),
   ];
   return lines.join("\n") + "\n";

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { applyMaps, crossValidate, fitMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
+import { applyMaps, crossValidate, eceFloor, fitMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
 import { sigmoid, softmax } from "../../src/probability/index.js";
 
 function rng(seed: number): () => number {
@@ -56,6 +56,15 @@ describe("crossValidate", () => {
       expect(r.after.nll!).toBeLessThan(r.before.nll!);
     }
     expect(cv[0]!.after.accuracy).toBe(cv[0]!.before.accuracy);
+  });
+
+  it("eceFloor: a calibrated model's ECE from sampling alone shrinks with n and is 0 at confidence 1", () => {
+    const small = eceFloor(Array.from({ length: 100 }, () => 0.6))!;
+    const large = eceFloor(Array.from({ length: 10_000 }, () => 0.6))!;
+    expect(small).toBeGreaterThan(0.02);
+    expect(large).toBeLessThan(small / 5);
+    expect(eceFloor([1, 1, 1])).toBe(0);
+    expect(eceFloor([])).toBeNull();
   });
 
   it("scoreProbabilities uses the predicted class's probability and p(yes) > 0.5 for noul", () => {
