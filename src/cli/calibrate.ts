@@ -188,11 +188,25 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
   {
     const cv = crossValidate(items, opts.folds);
     const maps = fitMaps(items);
+    // A map ships only if it helps out of fold: where the cross-validated NLL
+    // of every dataset under a key is no better than identity, the key stays
+    // identity (a fit on a few hundred rows can chase noise).
+    const rejected: string[] = [];
+    for (const key of new Set(cv.map((r) => r.key))) {
+      const rows = cv.filter((r) => r.key === key);
+      if (rows.every((r) => r.after.nll !== null && r.before.nll !== null && r.after.nll >= r.before.nll)) {
+        delete maps.temperatures[key];
+        delete maps.platt[key];
+        rejected.push(key);
+      }
+    }
+    if (rejected.length > 0) io.stderr(`assay calibrate: no out-of-fold gain for ${rejected.join(", ")}: left as identity\n`);
     const fit = CalibrationFit.parse({
       ...header,
       fitted_at: new Date().toISOString(),
       temperatures: maps.temperatures,
       platt: maps.platt,
+      identity_kept: rejected,
       cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after, ece_floor: r.floor })),
     });
     io.stdout(crossValidationTable(cv, opts.folds));
