@@ -51,7 +51,8 @@ interface NameFigures {
   [metric: string]: string | number | null;
 }
 
-const fmt = (x: number | null | undefined, d = 3) => (x === null || x === undefined || !Number.isFinite(x) ? "–" : x.toFixed(d));
+const fmt = (x: number | null | undefined, d = 3) =>
+  x === null || x === undefined || !Number.isFinite(x) ? "–" : Number.isInteger(x) ? String(x) : x.toFixed(d);
 
 function table(rows: NameFigures[], cols: string[]): string {
   const head = `| name | ${cols.join(" | ")} |\n|---|${cols.map(() => "---:").join("|")}|\n`;
@@ -171,38 +172,49 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         }
       }
     } else {
+      const IDENTITY = { a: 1, b: 0 };
       const folds = foldsByGroup(small, opts.folds);
       const groupsOf = folds.map((f) => new Set(f.map((i) => i.group)));
-      const pooled: Record<string, { p: number[]; y: boolean[] }> = {};
-      const add = (k: string, p: number, y: boolean) => {
-        pooled[k] ??= { p: [], y: [] };
-        pooled[k]!.p.push(p);
-        pooled[k]!.y.push(y);
-      };
-      let escalated = 0;
       const key = (i: ScoredItem) => `${i.group}/${i.id}`;
-      groupsOf.forEach((testGroups) => {
-        const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
-        const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
-        const sP = fitFactCheckPlatt(tr(small));
-        const cal = (pl: { a: number; b: number }, raw: number) => sigmoid(pl.a * logit(raw) + pl.b);
-        const band = fitBand(tr(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
-        const lP = large ? fitFactCheckPlatt(tr(large)) : null;
-        const lMap = new Map((large ? te(large) : []).map((i) => [key(i), i]));
-        for (const it of te(small)) {
-          const c = cal(sP, it.raw);
-          add("lite raw", it.raw, it.label);
-          add("lite", c, it.label);
-          const l = lMap.get(key(it));
-          if (l && lP) {
-            add("max raw", l.raw, l.label);
-            add("max", cal(lP, l.raw), l.label);
-            const esc = c >= band.lo && c <= band.hi;
-            if (esc) escalated++;
-            add("base", esc ? cal(lP, l.raw) : c, it.label);
+      const cal = (pl: { a: number; b: number }, raw: number) => sigmoid(pl.a * logit(raw) + pl.b);
+      // Held-out figures with or without Platt per build; run twice: to decide, then with the decision.
+      const crossValidate = (useSmall: boolean, useLarge: boolean) => {
+        const pooled: Record<string, { p: number[]; y: boolean[] }> = {};
+        const add = (k: string, p: number, y: boolean) => {
+          pooled[k] ??= { p: [], y: [] };
+          pooled[k]!.p.push(p);
+          pooled[k]!.y.push(y);
+        };
+        let escalated = 0;
+        groupsOf.forEach((testGroups) => {
+          const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
+          const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
+          const sP = useSmall ? fitFactCheckPlatt(tr(small)) : IDENTITY;
+          const band = fitBand(tr(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
+          const lP = large ? (useLarge ? fitFactCheckPlatt(tr(large)) : IDENTITY) : null;
+          const lMap = new Map((large ? te(large) : []).map((i) => [key(i), i]));
+          for (const it of te(small)) {
+            const c = cal(sP, it.raw);
+            add("lite raw", it.raw, it.label);
+            add("lite", c, it.label);
+            const l = lMap.get(key(it));
+            if (l && lP) {
+              add("max raw", l.raw, l.label);
+              add("max", cal(lP, l.raw), l.label);
+              const esc = c >= band.lo && c <= band.hi;
+              if (esc) escalated++;
+              add("base", esc ? cal(lP, l.raw) : c, it.label);
+            }
           }
-        }
-      });
+        });
+        return { pooled, escalated };
+      };
+      const ece = (x: { p: number[]; y: boolean[] } | undefined) => (x ? binaryScore(x.p, x.y).ece : Infinity);
+      const probe = crossValidate(true, true);
+      // A map that does not lower the held-out ECE is not shipped: the build keeps identity.
+      const useSmall = ece(probe.pooled["lite"]) < ece(probe.pooled["lite raw"]);
+      const useLarge = large !== null && ece(probe.pooled["max"]) < ece(probe.pooled["max raw"]);
+      const { pooled, escalated } = crossValidate(useSmall, useLarge);
       const rows: NameFigures[] = [];
       const row = (name: string, k: string, rawK?: string) => {
         const s = pooled[k];
@@ -216,13 +228,15 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         row(opts.model, "base");
         row(publicFor(model.escalateTo!), "max", "max raw");
       }
-      report += `${opts.folds}-fold cross-validation by document (15-bin ECE):\n\n` + table(rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"]);
-      if (large) report += `\nEscalated (held-out): ${fmt(escalated / small.length)} of claims.\n`;
-      const sP = fitFactCheckPlatt(small);
+      report += `${opts.folds}-fold cross-validation by document (15-bin ECE; "after" = the map shipped, identity where Platt did not lower the held-out ECE):\n\n`;
+      report += table(rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"]);
+      report += `\nPlatt kept: ${model.build} ${useSmall ? "yes" : "no (identity)"}${large ? `, ${model.escalateTo} ${useLarge ? "yes" : "no (identity)"}` : ""}.\n`;
+      if (large) report += `Escalated (held-out): ${fmt(escalated / small.length)} of claims.\n`;
+      const sP = useSmall ? fitFactCheckPlatt(small) : IDENTITY;
       const patches: [string, Record<string, unknown>, Band | null][] = [
-        [model.build, { [FACTCHECK_CALIBRATION_KEY]: sP }, large ? fitBand(small.map((i) => sigmoid(sP.a * logit(i.raw) + sP.b)), 0.5, opts.bandFraction) : null],
+        [model.build, { [FACTCHECK_CALIBRATION_KEY]: sP }, large ? fitBand(small.map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction) : null],
       ];
-      if (large) patches.push([model.escalateTo!, { [FACTCHECK_CALIBRATION_KEY]: fitFactCheckPlatt(large) }, null]);
+      if (large) patches.push([model.escalateTo!, { [FACTCHECK_CALIBRATION_KEY]: useLarge ? fitFactCheckPlatt(large) : IDENTITY }, null]);
       report += `\nFits: ${patches.map(([b, p, band]) => `${b} ${JSON.stringify(p)}${band ? ` band ${JSON.stringify(band)}` : ""}`).join("; ")}\n`;
       if (opts.write) {
         for (const [b, platt, band] of patches) {

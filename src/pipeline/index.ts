@@ -242,8 +242,10 @@ export class EnginePipeline implements Pipeline {
     const parsed = generalQuestions().safeParse(env.questions);
     if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
     const lb = this.builds.get(model.build)!;
-    const prepared = prepare(lb, env.state, parsed.data, ctx.timings);
     const limit = Math.min(this.config.maxPackedTokens, lb.build.manifest.context_length);
+    // Debias presentations are dropped before the request is refused: only the
+    // caller's own questions have to fit.
+    const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: debiasOf(this.config), maxTokens: limit });
     if (prepared.packed.inputIds.length > limit) {
       throw invalid(
         `request too long for model "${env.model}": ${prepared.packed.inputIds.length} tokens to process ` +
