@@ -16,6 +16,7 @@ import { EnginePipeline } from "../pipeline/index.js";
 import { sigmoid } from "../probability/calibration.js";
 import { adjustForRecall, logit, recallAt, type RecallFit } from "../probability/recall.js";
 import { FACTCHECK_CALIBRATION_KEY } from "../families/factcheck.js";
+import { FAMILY_PROMPT_VERSION } from "../prompt/families.js";
 import {
   binaryScore,
   codeSearchRequests,
@@ -97,7 +98,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
           model.family === "codesearch"
             ? codeSearchRequests(spreadRows(readCodeSearch(file), opts.limit))
             : factCheckRequests(spreadRows(readFactCheck(file), opts.limit));
-        const cache = path.join(cacheDir, `${model.family}-${hash}-${path.basename(file, ".jsonl")}.jsonl`);
+        const cache = path.join(cacheDir, `${model.family}-p${FAMILY_PROMPT_VERSION}-${hash}-${path.basename(file, ".jsonl")}.jsonl`);
         io.stderr(`running ${name} (${build}) on ${path.basename(file)}: ${requests.length} requests\n`);
         const recs = await runScored(pipeline, name, requests, cache, (d, t) => io.stderr(`\r  ${d}/${t}`));
         io.stderr("\n");
@@ -109,6 +110,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       }
       scored.set(build, items);
     }
+    const dataNote = opts.data.map((f) => `${path.basename(f)}${opts.limit ? ` (--limit ${opts.limit})` : ""}`);
     const mean = (xs: number[] | undefined) => (xs && xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
     const small = scored.get(model.build)!;
     const large = model.escalateTo ? scored.get(model.escalateTo)! : null;
@@ -167,7 +169,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         for (const [b, p] of patches) {
           const lb = pipeline.build(publicFor(b));
           const existing = fs.existsSync(path.join(CALIBRATION_DIR, `${b}.json`)) ? readCalibrationFile(path.join(CALIBRATION_DIR, `${b}.json`)) : null;
-          const section = { ...((existing?.codesearch as object | undefined) ?? {}), ...(p.codesearch as object) };
+          const section = { ...((existing?.codesearch as object | undefined) ?? {}), ...(p.codesearch as object), data: dataNote };
           writeSection(b, lb.build.manifest.build_hash, path.basename(lb.build.dir), { codesearch: section }, io);
         }
       }
@@ -249,7 +251,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
             path.basename(lb.build.dir),
             {
               platt: { ...((existing?.build_hash === lb.build.manifest.build_hash ? existing?.platt : undefined) ?? {}), ...platt },
-              ...(band ? { factcheck: { ...((existing?.factcheck as object | undefined) ?? {}), band } } : {}),
+              factcheck: { ...((existing?.factcheck as object | undefined) ?? {}), ...(band ? { band } : {}), data: dataNote },
             },
             io,
           );

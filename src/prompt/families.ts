@@ -48,34 +48,43 @@ export interface CodeItem {
   childPreview?: { entries: { name: string; kind: string }[] } | undefined;
 }
 
-const CODESEARCH_SYSTEM =
-  "You help a coding agent find its way in a repository. Given the agent's task and one file or folder of the " +
-  "repository, you decide whether the agent will need to open that file or folder (read it or change it) to " +
-  "complete the task. Answer with exactly yes or no.";
+/**
+ * Version of the code search and fact check prompts: cached dev-set scores
+ * (`assay calibrate`) are keyed by it, since a fit belongs to the prompt it
+ * was fitted under as much as to the weights.
+ */
+export const FAMILY_PROMPT_VERSION = 2;
+
+// Measured on 5 dev rows (150 items) with the 0.5B build: this framing (a bug
+// report, the item as a fenced file, "would you need to look at it") gave
+// AUROC 0.645 against 0.509 for a neutral "will the agent need it" wording.
+const CODESEARCH_SYSTEM = "You are an expert software engineer triaging a bug report.";
 
 /** The query as the shared prefix: encoded once, every item branches from it. */
 export function codesearchPrefix(style: PromptStyle, query: string): string {
-  return open(style, CODESEARCH_SYSTEM, `Task:\n${query}\n\n`);
+  return open(style, CODESEARCH_SYSTEM, `Bug report:\n${query}\n\n`);
 }
 
 function describeItem(item: CodeItem): string {
-  const lines = [`Candidate ${item.kind === "directory" ? "folder" : item.kind}: ${item.path}`];
-  if (item.filePreview?.text) lines.push(`Start of the file:\n${item.filePreview.text}`);
+  const what = item.kind === "directory" ? "Folder" : item.kind === "file" ? "File" : `${item.kind[0]!.toUpperCase()}${item.kind.slice(1)}`;
+  const lines = [`${what}: \`${item.path}\``];
+  if (item.filePreview?.text) lines.push("```", item.filePreview.text, "```");
   if (item.childPreview?.entries?.length) {
-    lines.push("Contents:");
-    for (const e of item.childPreview.entries) lines.push(`- ${e.name}${e.kind === "directory" ? "/" : ""}`);
+    lines.push(`Contains: ${item.childPreview.entries.map((e) => `${e.name}${e.kind === "directory" ? "/" : ""}`).join(", ")}`);
   }
   return lines.join("\n");
 }
 
+const noun = (item: CodeItem) => (item.kind === "directory" ? "folder" : item.kind);
+
 export function codesearchItem(style: PromptStyle, item: CodeItem, instructions?: string): string {
   const ask = instructions?.trim();
-  const question = ask && ask.length > 0 ? ask : `Will the agent need this ${item.kind === "directory" ? "folder" : "file"}?`;
-  return closeTurn(style, `${describeItem(item)}\n\n${question} Answer yes or no.`);
+  const question = ask && ask.length > 0 ? ask : `To fix this bug, would you need to look at this ${noun(item)}?`;
+  return closeTurn(style, `${describeItem(item)}\n${question} Answer yes or no.`);
 }
 
 /** A string state is used whole, as the task, for every question. */
 export function codesearchWholeState(style: PromptStyle, instructions?: string): string {
   const ask = instructions?.trim();
-  return closeTurn(style, `${ask && ask.length > 0 ? ask : "Is this relevant to the task?"} Answer yes or no.`);
+  return closeTurn(style, `${ask && ask.length > 0 ? ask : "Is this relevant to fixing the bug?"} Answer yes or no.`);
 }
