@@ -8,7 +8,7 @@ import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv } from "./types.js";
-import { encodeBranches, scoreYesNo } from "./yesno.js";
+import { branchCost, encodeBranches, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -19,11 +19,6 @@ import { encodeBranches, scoreYesNo } from "./yesno.js";
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";
-
-export interface ChunkPlan {
-  /** [start, end) token offsets into the document. */
-  ranges: [number, number][];
-}
 
 export function chunkRanges(length: number, size: number, overlap: number): [number, number][] {
   if (length <= size) return [[0, length]];
@@ -53,31 +48,37 @@ interface Scored {
   tokens: number;
 }
 
-/** Scores `which` claims over every chunk with one build; bills what the model reads. */
-async function scoreClaims(
-  fam: FamilyEnv,
-  lb: LoadedBuild,
-  document: string,
-  claims: readonly string[],
-  which: readonly number[],
-  ctx: PipelineContext,
-  chunkTokens: number,
-  overlap: number,
-): Promise<Scored> {
+/** One build's encoding of a request, made once: every chunk's prefix and every claim. */
+interface EncodedDocument {
+  lb: LoadedBuild;
+  /** Per chunk: the prefix token ids (system text + that window of the document). */
+  prefixes: number[][];
+  claims: EncodedBranches;
+}
+
+function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number): EncodedDocument {
   const { head, tail } = factcheckPrefixParts(lb.style);
   const headIds = lb.tokenizer.encode(head);
   const tailIds = lb.tokenizer.encode(tail);
   const docIds = lb.tokenizer.encode(document);
-  const suffixes = claims.map((c) => factcheckClaim(lb.style, c));
-  const p = claims.map(() => Number.NaN);
-  const bestChunk = claims.map(() => 0);
-  let tokens = 0;
-  const limit = fam.maxPackedTokens;
-  const ranges = chunkRanges(docIds.length, chunkTokens, overlap);
-  for (const [ci, [a, b]] of ranges.entries()) {
-    const enc = encodeBranches(lb, [...headIds, ...docIds.slice(a, b), ...tailIds], suffixes);
-    const r = await scoreYesNo(fam.pool, lb, enc, limit, ctx, which);
-    tokens += enc.prefix.length + which.reduce((s, i) => s + enc.suffixTokens[i]!, 0);
+  const prefixes = chunkRanges(docIds.length, chunkTokens, overlap).map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
+  // The claims are encoded once; each chunk's pass reuses them under its own prefix.
+  const claimBranches = encodeBranches(lb, [], claims.map((c) => factcheckClaim(lb.style, c)));
+  return { lb, prefixes, claims: claimBranches };
+}
+
+/** Tokens the model reads to score `which` claims: each chunk's prefix plus those claims, per chunk. */
+function readTokens(d: EncodedDocument, which: readonly number[]): number {
+  const claimTokens = which.reduce((s, i) => s + d.claims.suffixTokens[i]!, 0);
+  return d.prefixes.reduce((s, prefix) => s + prefix.length + claimTokens, 0);
+}
+
+/** Scores `which` claims over every chunk with one build. */
+async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], ctx: PipelineContext): Promise<Scored> {
+  const p = d.claims.branches.map(() => Number.NaN);
+  const bestChunk = d.claims.branches.map(() => 0);
+  for (const [ci, prefix] of d.prefixes.entries()) {
+    const r = await scoreYesNo(fam.pool, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, which);
     for (const i of which) {
       if (!(p[i]! >= r.p[i]!)) {
         p[i] = r.p[i]!;
@@ -85,7 +86,7 @@ async function scoreClaims(
       }
     }
   }
-  return { p, bestChunk, tokens };
+  return { p, bestChunk, tokens: readTokens(d, which) };
 }
 
 export async function runFactCheck(
@@ -110,30 +111,34 @@ export async function runFactCheck(
   const all = claims.map((_, i) => i);
   const release = fam.acquire(model.build, env.model);
   try {
-    // Every token the model reads, per build: the chunks' prefixes and each claim once per chunk.
     const t0 = performance.now();
-    const readTokens = (lb: LoadedBuild) => {
-      const { head, tail } = factcheckPrefixParts(lb.style);
-      const fixed = lb.tokenizer.encode(head).length + lb.tokenizer.encode(tail).length;
-      const chunks = chunkRanges(lb.tokenizer.encode(document).length, chunkTokens, overlap);
-      const claimTokens = claims.reduce((s, c) => s + lb.tokenizer.encode(factcheckClaim(lb.style, c)).length, 0);
-      return chunks.reduce((s, [a, b]) => s + fixed + (b - a) + claimTokens, 0);
-    };
-    const smallTokens = readTokens(first);
+    const small = encodeDocument(first, document, claims, chunkTokens, overlap);
+    const big = large ? encodeDocument(large, document, claims, chunkTokens, overlap) : null;
     ctx.timings.add("tokenize", performance.now() - t0);
-    await ctx.admit?.(smallTokens + (large ? readTokens(large) : 0));
+    const limit = Math.min(fam.maxPackedTokens, first.build.manifest.context_length);
+    const longest = Math.max(...small.prefixes.map((x) => x.length));
+    small.claims.branches.forEach((b, i) => {
+      if (longest + branchCost(b) > limit) {
+        throw invalid(
+          `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document window of ${longest} tokens ` +
+            `it exceeds the ${limit}-token limit of one pass; send a shorter claim`,
+        );
+      }
+    });
+    // The hold covers the worst case: every claim re-read by the large build.
+    await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));
 
-    const small = await scoreClaims(fam, first, document, claims, all, ctx, chunkTokens, overlap);
-    const chunks = chunkRanges(first.tokenizer.encode(document).length, chunkTokens, overlap).length;
+    const smallScores = await scoreClaims(fam, small, all, ctx);
+    const chunks = small.prefixes.length;
     const firstCal = first.build.manifest.calibration;
-    const smallCal = small.p.map((p) => calibrateNoul(logit(p), firstCal, FACTCHECK_CALIBRATION_KEY));
+    const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, FACTCHECK_CALIBRATION_KEY));
     let final = smallCal;
-    let raw = small.p;
+    let raw = smallScores.p;
     let escalated = claims.map(() => false);
-    let bestChunk = small.bestChunk;
-    let largeRaw = claims.map(() => Number.NaN);
-    let tokens = small.tokens;
-    if (large && model.escalateTo) {
+    const bestChunk = smallScores.bestChunk;
+    const largeRaw = claims.map(() => Number.NaN);
+    let tokens = smallScores.tokens;
+    if (large && big && model.escalateTo) {
       const band = familyFit(first, "factcheck", FactCheckFit)?.band ?? DEFAULT_BAND;
       const largeCal = large.build.manifest.calibration;
       const out = await escalate(
@@ -141,7 +146,7 @@ export async function runFactCheck(
         band,
         () => fam.acquire(model.escalateTo!, env.model),
         async (idx) => {
-          const r = await scoreClaims(fam, large, document, claims, idx, ctx, chunkTokens, overlap);
+          const r = await scoreClaims(fam, big, idx, ctx);
           tokens += r.tokens;
           idx.forEach((i) => {
             largeRaw[i] = r.p[i]!;
