@@ -22,7 +22,6 @@ import {
   codeSearchRequests,
   escalatedItems,
   factCheckRequests,
-  fitBand,
   fitFactCheckPlatt,
   fitRecall,
   foldsByGroup,
@@ -32,7 +31,7 @@ import {
   spreadRows,
   type ScoredItem,
 } from "../families/fit.js";
-import type { Band } from "../families/escalation.js";
+import { fitBand, type Band } from "../families/escalation.js";
 import type { CliIO } from "./keys.js";
 
 export interface FamilyCalibrateOptions {

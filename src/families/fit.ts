@@ -1,11 +1,11 @@
 import fs from "node:fs";
 import path from "node:path";
 import { auroc, binaryPrediction, reliability } from "../eval/metrics.js";
-import { fitPlatt, sigmoid } from "../probability/calibration.js";
-import { fitRecallThreshold, logit, recallAt, type RecallFit } from "../probability/recall.js";
+import { fitPlatt } from "../probability/calibration.js";
+import { adjustForRecall, fitRecallThreshold, logit, recallAt, type RecallFit } from "../probability/recall.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
-import { fitBand, unsureIndices, type Band } from "./escalation.js";
+import { unsureIndices, type Band } from "./escalation.js";
 
 /**
  * Fitting the code search and fact check maps on labelled dev data, with
@@ -187,8 +187,7 @@ export function crossValidateRecall(items: readonly ScoredItem[], target: number
     const fit = fitRecall(train, target);
     for (const it of test) {
       held.push({ raw: it.raw, needed: it.label, ...(it.overflow ? { overflow: true } : {}) });
-      // Express the fold's map as a threshold shift on raw so recallAt can apply it.
-      adjusted.push({ raw: sigmoid(logit(it.raw) - logit(fit.threshold)), needed: it.label, ...(it.overflow ? { overflow: true } : {}) });
+      adjusted.push({ raw: adjustForRecall(it.raw, fit), needed: it.label, ...(it.overflow ? { overflow: true } : {}) });
     }
   });
   const u = recallAt(held, null);
@@ -259,26 +258,3 @@ export function fitFactCheckPlatt(items: readonly ScoredItem[]) {
   return fitPlatt(items.map((i) => ({ z: logit(i.raw), y: i.label })));
 }
 
-export interface PlattCv {
-  folds: number;
-  before: BinaryScore;
-  after: BinaryScore;
-}
-
-export function crossValidatePlatt(items: readonly ScoredItem[], k = 5): PlattCv {
-  const folds = foldsByGroup(items, k);
-  const p0: number[] = [];
-  const p1: number[] = [];
-  const y: boolean[] = [];
-  folds.forEach((test, f) => {
-    const fit = fitFactCheckPlatt(folds.flatMap((x, j) => (j === f ? [] : x)));
-    for (const it of test) {
-      p0.push(it.raw);
-      p1.push(sigmoid(fit.a * logit(it.raw) + fit.b));
-      y.push(it.label);
-    }
-  });
-  return { folds: folds.length, before: binaryScore(p0, y), after: binaryScore(p1, y) };
-}
-
-export { fitBand };
