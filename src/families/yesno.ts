@@ -4,7 +4,7 @@ import type { InferencePool } from "../inference/pool.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { softmax } from "../probability/index.js";
 import { YES_NO, yesNoLabels } from "../prompt/families.js";
-import type { LoadedBuild } from "../pipeline/build.js";
+import { labelIds, type LoadedBuild } from "../pipeline/build.js";
 
 /**
  * Yes/no scoring of many branches against one shared prefix, for the
@@ -23,14 +23,7 @@ export interface EncodedBranches {
 
 /** `prefix` as text, or already as token ids (a document chunk cut by tokens). */
 export function encodeBranches(lb: LoadedBuild, prefix: string | number[], suffixTexts: readonly string[]): EncodedBranches {
-  const labels = yesNoLabels(lb.style).map((l) => {
-    let ids = lb.labelCache.get(l);
-    if (!ids) {
-      ids = lb.tokenizer.encode(l);
-      lb.labelCache.set(l, ids);
-    }
-    return ids;
-  });
+  const labels = yesNoLabels(lb.style).map((l) => labelIds(lb, l));
   const prefixIds = typeof prefix === "string" ? lb.tokenizer.encode(prefix) : prefix;
   const branches = suffixTexts.map((s) => ({ suffix: lb.tokenizer.encode(s), labels, terminator: lb.terminator }));
   return { prefix: prefixIds, branches, suffixTokens: branches.map((b) => b.suffix.length) };

@@ -22,3 +22,13 @@ export function loadBuild(dir: string): LoadedBuild {
   return { build, tokenizer, style, terminator, labelCache: new Map() };
 }
 
+
+/** Token ids of an answer label, tokenized once per build (bounded cache). */
+export function labelIds(lb: LoadedBuild, label: string): number[] {
+  let ids = lb.labelCache.get(label);
+  if (!ids) {
+    ids = lb.tokenizer.encode(label);
+    if (lb.labelCache.size < 100_000) lb.labelCache.set(label, ids);
+  }
+  return ids;
+}

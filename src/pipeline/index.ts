@@ -2,7 +2,7 @@ import type { Config } from "../config/index.js";
 import { AssayError, invalid } from "../errors/catalogue.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
 import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, type Debias } from "../prompt/index.js";
-import { loadBuild, type LoadedBuild } from "./build.js";
+import { labelIds, loadBuild, type LoadedBuild } from "./build.js";
 import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import { InferencePool } from "../inference/pool.js";
 import { answer, averageReadings, calibrationForMode } from "../probability/index.js";
@@ -92,14 +92,6 @@ export function prepare(
   let debias = requested;
   let prompt = buildPrompt(lb.style, state, questions, debias);
   const t1 = performance.now();
-  const labelIds = (label: string): number[] => {
-    let ids = lb.labelCache.get(label);
-    if (!ids) {
-      ids = lb.tokenizer.encode(label);
-      if (lb.labelCache.size < 100_000) lb.labelCache.set(label, ids);
-    }
-    return ids;
-  };
   const prefix = lb.tokenizer.encode(prompt.prefix);
   let packed: PackedRequest;
   let blocks: number[][];
@@ -107,7 +99,7 @@ export function prepare(
     const encoded: EncodedQuestion[] = [];
     blocks = [];
     for (const q of prompt.questions) {
-      const labels = q.labels.map(labelIds);
+      const labels = q.labels.map((l) => labelIds(lb, l));
       const mine = [encoded.length];
       // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
       encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
