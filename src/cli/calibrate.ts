@@ -73,6 +73,8 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): 
     ...fit,
     temperatures: { ...existing.temperatures, ...fit.temperatures },
     platt: { ...(existing.platt ?? {}), ...(fit.platt ?? {}) },
+    // A refit decides the top-label maps of the general keys afresh: one it left out must not survive from the old file.
+    top_label: { ...(fit.top_label ?? {}) },
     data: [...new Set([...fit.data])],
   };
 }
@@ -188,29 +190,55 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
   {
     const cv = crossValidate(items, opts.folds);
     const maps = fitMaps(items);
-    // A map ships only if it helps out of fold: where the cross-validated NLL
-    // of every dataset under a key is no better than identity, the key stays
-    // identity (a fit on a few hundred rows can chase noise).
+    // A map ships only if it helps out of fold (a fit on a few hundred rows
+    // can chase noise). A temperature or Platt map: where the cross-validated
+    // NLL of every dataset under its key is no better than identity, the key
+    // stays identity. A top-label map: where it does not lower the
+    // cross-validated ECE (pooled over the key's datasets) below the
+    // temperature's alone, it is left out; `type:*` keeps one only if every
+    // fitted key of that type kept its own.
     const rejected: string[] = [];
+    const noTopLabel: string[] = [];
     for (const key of new Set(cv.map((r) => r.key))) {
       const rows = cv.filter((r) => r.key === key);
-      if (rows.every((r) => r.after.nll !== null && r.before.nll !== null && r.after.nll >= r.before.nll)) {
+      if (rows.every((r) => r.afterTemperature.nll !== null && r.before.nll !== null && r.afterTemperature.nll >= r.before.nll)) {
         delete maps.temperatures[key];
         delete maps.platt[key];
         rejected.push(key);
       }
+      if (rows[0]!.type !== "noul") {
+        const pooled = (pick: (r: CrossValidation) => number | null) => rows.reduce((s, r) => s + r.before.n * (pick(r) ?? Infinity), 0);
+        if (!(pooled((r) => r.after.ece) < pooled((r) => r.afterTemperature.ece))) {
+          delete maps.top_label[key];
+          noTopLabel.push(key);
+        }
+      }
+    }
+    for (const type of ["choice", "score"]) {
+      if (noTopLabel.some((k) => k.startsWith(`${type}:`))) delete maps.top_label[`${type}:*`];
     }
     if (rejected.length > 0) io.stderr(`assay calibrate: no out-of-fold gain for ${rejected.join(", ")}: left as identity\n`);
+    if (noTopLabel.length > 0) io.stderr(`assay calibrate: the top-label map does not lower the out-of-fold ECE for ${noTopLabel.join(", ")}: temperature alone\n`);
     const fit = CalibrationFit.parse({
       ...header,
       fitted_at: new Date().toISOString(),
       temperatures: maps.temperatures,
       platt: maps.platt,
+      top_label: maps.top_label,
       identity_kept: rejected,
-      cross_validation: cv.map((r) => ({ dataset: r.dataset, key: r.key, folds: opts.folds, before: r.before, after: r.after, ece_floor: r.floor })),
+      top_label_left_out: noTopLabel,
+      cross_validation: cv.map((r) => ({
+        dataset: r.dataset,
+        key: r.key,
+        folds: opts.folds,
+        before: r.before,
+        after_temperature: r.afterTemperature,
+        ece_floor_temperature: r.floorTemperature,
+        ...(r.type === "noul" ? {} : { after_top_label: r.after, ece_floor_top_label: r.floor }),
+      })),
     });
     io.stdout(crossValidationTable(cv, opts.folds));
-    io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\n`);
+    io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\ntop_label ${JSON.stringify(maps.top_label)}\n`);
     let file: string | null = null;
     if (opts.write) {
       file = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);

@@ -6,10 +6,10 @@
  * Keys follow `temperatureFor`: a map per `type:k` present in the data, and
  * a `type:*` fallback fitted on every item of that type, for option counts
  * the dev sets do not have. noul gets Platt scaling, choice and score a
- * temperature (src/probability/calibration.ts says why).
+ * temperature and a top-label map (src/probability/calibration.ts says why).
  */
 import type { CalibrationMaps, Platt } from "../probability/index.js";
-import { calibrateNoul, fitPlatt, fitTemperature, softmax, temperatureFor } from "../probability/index.js";
+import { calibrateNoul, fitPlatt, fitTemperature, fitTopLabel, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
 import { argmaxIndex, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
 import { readDataset, type TaskType } from "./datasets.js";
@@ -83,21 +83,38 @@ export function fitItemsFromResults(results: {
 
 const keyOf = (it: FitItem) => `${it.type}:${it.lp.length}`;
 
+export interface FittedMaps {
+  temperatures: Record<string, number>;
+  platt: Record<string, Platt>;
+  top_label: Record<string, Platt>;
+}
+
+/** The model's own probability of its predicted option, and whether that option is gold. */
+function ownConfidence(it: FitItem): { confidence: number; correct: boolean } {
+  const p = softmax(it.lp);
+  const m = argmaxIndex(p);
+  return { confidence: p[m]!, correct: m === it.gold };
+}
+
 /** Fits every map the items support: per `type:k`, plus `type:*` for choice and score. */
-export function fitMaps(items: readonly FitItem[]): { temperatures: Record<string, number>; platt: Record<string, Platt> } {
-  const temperatures: Record<string, number> = {};
-  const platt: Record<string, Platt> = {};
+export function fitMaps(items: readonly FitItem[]): FittedMaps {
+  const maps: FittedMaps = { temperatures: {}, platt: {}, top_label: {} };
+  const fitGroup = (key: string, group: readonly FitItem[]) => {
+    if (group[0]!.type === "noul") {
+      maps.platt[key] = fitPlatt(group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0 })));
+      return;
+    }
+    maps.temperatures[key] = fitTemperature(group);
+    maps.top_label[key] = fitTopLabel(group.map(ownConfidence));
+  };
   const byKey = new Map<string, FitItem[]>();
   for (const it of items) byKey.set(keyOf(it), [...(byKey.get(keyOf(it)) ?? []), it]);
-  for (const [key, group] of [...byKey].sort(([a], [b]) => (a < b ? -1 : 1))) {
-    if (group[0]!.type === "noul") platt[key] = fitPlatt(group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0 })));
-    else temperatures[key] = fitTemperature(group);
-  }
+  for (const [key, group] of [...byKey].sort(([a], [b]) => (a < b ? -1 : 1))) fitGroup(key, group);
   for (const type of ["choice", "score"] as const) {
     const all = items.filter((it) => it.type === type);
-    if (all.length > 0) temperatures[`${type}:*`] = fitTemperature(all);
+    if (all.length > 0) fitGroup(`${type}:*`, all);
   }
-  return { temperatures, platt };
+  return maps;
 }
 
 /** Probabilities of an item's labels under the maps (identity when `maps` is null). */
@@ -106,7 +123,8 @@ export function applyMaps(it: FitItem, maps: CalibrationMaps | null): number[] {
     const p = calibrateNoul(it.lp[0]! - it.lp[1]!, maps, keyOf(it));
     return [p, 1 - p];
   }
-  return softmax(it.lp, temperatureFor(maps, it.type, it.lp.length));
+  const k = it.lp.length;
+  return labelProbabilities(it.lp, temperatureFor(maps, it.type, k), topLabelFor(maps, it.type, k));
 }
 
 export interface CalibrationScore {
@@ -142,14 +160,18 @@ export interface CrossValidation {
   type: TaskType;
   key: string;
   before: CalibrationScore;
-  /** Out-of-fold: each item scored by maps fitted on the other folds. */
+  /** Out-of-fold: each item scored by maps fitted on the other folds (temperature and top-label map; noul: Platt). */
   after: CalibrationScore;
+  /** Out-of-fold with the temperature alone (noul: the same as `after`). */
+  afterTemperature: CalibrationScore;
   /**
    * The ECE that a perfectly calibrated model with the same (out-of-fold)
    * confidences would show on this many items, from sampling alone: the
-   * floor under which a measured ECE means nothing at this n.
+   * floor under which a measured ECE means nothing at this n. For `after`,
+   * and for `afterTemperature`.
    */
   floor: number | null;
+  floorTemperature: number | null;
 }
 
 /** Mean ECE over `draws` outcome sets drawn as Bernoulli(confidence): what a calibrated model scores at this n. */
@@ -188,12 +210,17 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
     seen.set(it.dataset, n + 1);
   }
   const oof = new Map<FitItem, number[]>();
+  const oofTemperature = new Map<FitItem, number[]>();
   for (let f = 0; f < folds; f++) {
     const train = items.filter((it) => fold.get(it) !== f);
     const test = items.filter((it) => fold.get(it) === f);
     if (test.length === 0) continue;
     const maps = fitMaps(train);
-    for (const it of test) oof.set(it, applyMaps(it, maps));
+    const temperatureOnly = { ...maps, top_label: {} };
+    for (const it of test) {
+      oof.set(it, applyMaps(it, maps));
+      oofTemperature.set(it, applyMaps(it, temperatureOnly));
+    }
   }
   const out: CrossValidation[] = [];
   for (const ds of seen.keys()) {
@@ -201,13 +228,16 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
     const type = mine[0]!.type;
     const gold = mine.map((it) => it.gold);
     const after = mine.map((it) => oof.get(it)!);
+    const afterTemperature = mine.map((it) => oofTemperature.get(it)!);
     out.push({
       dataset: ds,
       type,
       key: keyOf(mine[0]!),
       before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
       after: scoreProbabilities(type, after, gold),
+      afterTemperature: scoreProbabilities(type, afterTemperature, gold),
       floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
+      floorTemperature: eceFloor(afterTemperature.map((p) => predictedConfidence(type, p))),
     });
   }
   return out;
@@ -217,12 +247,15 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
 export function crossValidationTable(rows: readonly CrossValidation[], folds: number): string {
   const f = (x: number | null) => (x === null ? "–" : x.toFixed(3));
   const lines = [
-    `| dataset | key | n | accuracy before | accuracy after (${folds}-fold) | ECE before | ECE after (${folds}-fold) | ECE of a calibrated model at this n | NLL before | NLL after |`,
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ...rows.map(
-      (r) =>
-        `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.after.accuracy)} | ${f(r.before.ece)} | ${f(r.after.ece)} | ${f(r.floor)} | ${f(r.before.nll)} | ${f(r.after.nll)} |`,
-    ),
+    `| dataset | key | n | accuracy | ECE before | ECE after, temperature / Platt (${folds}-fold) | its floor | ECE after, + top-label map (${folds}-fold) | its floor | NLL before | NLL after, temperature | NLL after, + top-label |`,
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ...rows.map((r) => {
+      const top = r.type === "noul";
+      return (
+        `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.before.ece)} | ${f(r.afterTemperature.ece)} | ${f(r.floorTemperature)} | ` +
+        `${top ? "–" : f(r.after.ece)} | ${top ? "–" : f(r.floor)} | ${f(r.before.nll)} | ${f(r.afterTemperature.nll)} | ${top ? "–" : f(r.after.nll)} |`
+      );
+    }),
   ];
   return lines.join("\n") + "\n";
 }

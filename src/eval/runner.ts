@@ -7,7 +7,7 @@
 import type { CalibrationFit } from "../models/manifest.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
-import { temperatureFor, uncalibrateNoulLogit } from "../probability/index.js";
+import { temperatureFor, topLabelFor, uncalibrateNoulLogit } from "../probability/index.js";
 import type { Answer, ChoiceQuestion, Question, ScoreQuestion } from "../validate/schema.js";
 import { groupByState, type Dataset, type EvalItem } from "./datasets.js";
 import { argmaxIndex, logSoftmax, unreverseLevel } from "./metrics.js";
@@ -111,7 +111,14 @@ export function reversedQuestion(item: EvalItem): Question {
   }
 }
 
-function recoverLogprobs(p: readonly number[], t: number): (number | null)[] {
+/**
+ * The label log-probabilities behind a choice/score answer, undoing the
+ * temperature. A top-label map (floored per question) cannot be undone:
+ * then there is nothing to recover, and every entry is null.
+ */
+function recoverLogprobs(p: readonly number[], calibration: CalibrationFit | null, type: "choice" | "score"): (number | null)[] {
+  if (topLabelFor(calibration, type, p.length)) return p.map(() => null);
+  const t = temperatureFor(calibration, type, p.length);
   return logSoftmax(p.map((x) => t * Math.log(x))).map((x) => (Number.isFinite(x) ? x : null));
 }
 
@@ -143,7 +150,7 @@ export function readAnswer(item: EvalItem, a: Answer, pass: Pass, calibration: C
         probabilities: p,
         pred: a.choice,
         confidence: p[best]!,
-        labelLogprobs: recoverLogprobs(p, temperatureFor(calibration, "choice", options.length)),
+        labelLogprobs: recoverLogprobs(p, calibration, "choice"),
       };
     }
     case "score": {
@@ -158,7 +165,7 @@ export function readAnswer(item: EvalItem, a: Answer, pass: Pass, calibration: C
         pred: best,
         confidence: p[best]!,
         expected: pass === "flip" ? unreverseLevel(a.score, k) : a.score,
-        labelLogprobs: recoverLogprobs(p, temperatureFor(calibration, "score", k)),
+        labelLogprobs: recoverLogprobs(p, calibration, "score"),
       };
     }
   }

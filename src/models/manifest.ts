@@ -19,7 +19,9 @@ export const CalibrationFit = z.looseObject({
   temperatures: z.record(z.string(), z.number().positive()),
   /** Platt scaling σ(a·z + b) on yes/no log-odds z, keyed like temperatures ("noul:2", "factcheck:noul"); a > 0. */
   platt: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
-  /** ASSAY_DEBIAS mode the choice/score temperatures were fitted under. */
+  /** Top-label maps σ(a·logit(c) + b) on the predicted option's probability (choice/score), keyed like temperatures; a > 0. */
+  top_label: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
+  /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
   data: z.array(z.string()).default([]),
 });

@@ -17,7 +17,18 @@
  *   monotone: it never reorders two answers, so AUROC is unchanged.
  *   Temperature scaling is the special case b = 0.
  *
- * Both are fitted by minimising the negative log-likelihood (convex in 1/T
+ * - `choice` and `score`, on top of the temperature: a top-label map. The
+ *   temperature is fitted on the log-likelihood of the gold label, which a
+ *   few confident mistakes dominate: on AG News it flattens every answer and
+ *   leaves the predicted option's probability 0.1–0.2 below how often it is
+ *   right. Callers route on that number (and ECE reads it), so it gets a map
+ *   of its own: with c the predicted option's probability in the model's own
+ *   distribution (before the temperature), it becomes σ(a·logit(c) + b),
+ *   a > 0, and the other options share the rest in their tempered
+ *   proportions. Monotone in c and blind to option order and position, for
+ *   the same reasons as the temperature; never moves the argmax.
+ *
+ * All are fitted by minimising the negative log-likelihood (convex in 1/T
  * and in (a, b)) with Newton steps; a small L2 pull towards the identity
  * keeps a fit on few rows from running off.
  */
@@ -32,6 +43,8 @@ export interface Platt {
 export interface CalibrationMaps {
   temperatures?: Record<string, number> | undefined;
   platt?: Record<string, Platt> | undefined;
+  /** Top-label maps for choice/score, keyed like temperatures (`choice:4`, `score:*`). */
+  top_label?: Record<string, Platt> | undefined;
 }
 
 export const sigmoid = (x: number): number => (x >= 0 ? 1 / (1 + Math.exp(-x)) : Math.exp(x) / (1 + Math.exp(x)));
@@ -243,4 +256,17 @@ export function averageReadings(readings: readonly (readonly number[])[]): numbe
   const mean = sum.map((s) => s / readings.length);
   const lse = logSumExp(mean);
   return mean.map((m) => m - lse);
+}
+
+export const logit = (p: number): number => Math.log(p) - Math.log1p(-p);
+
+/** One labelled item for a top-label fit: the model's own probability of its predicted option, and whether it was right. */
+export interface LabelledConfidence {
+  confidence: number;
+  correct: boolean;
+}
+
+/** Platt scaling of the predicted option's probability against being right (`fitPlatt` on its log-odds). */
+export function fitTopLabel(items: readonly LabelledConfidence[]): Platt {
+  return fitPlatt(items.filter((it) => it.confidence > 0 && it.confidence < 1).map((it) => ({ z: logit(it.confidence), y: it.correct })));
 }

@@ -1,6 +1,6 @@
 import type { Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer } from "../validate/schema.js";
 import type { CalibrationFit } from "../models/manifest.js";
-import { calibrateNoul, type CalibrationMaps } from "./calibration.js";
+import { calibrateNoul, logit, sigmoid, type CalibrationMaps, type Platt } from "./calibration.js";
 
 export * from "./calibration.js";
 
@@ -60,18 +60,47 @@ export function temperatureFor(fit: CalibrationMaps | null | undefined, type: st
   return fit.temperatures[`${type}:${k}`] ?? fit.temperatures[`${type}:*`] ?? 1;
 }
 
+/** The top-label map for a choice/score question: `type:k`, else `type:*`, else none. */
+export function topLabelFor(fit: CalibrationMaps | null | undefined, type: string, k: number): Platt | undefined {
+  return fit?.top_label?.[`${type}:${k}`] ?? fit?.top_label?.[`${type}:*`];
+}
+
+/**
+ * Probabilities of a choice/score question's labels: softmax(lp / T), then,
+ * given a top-label map, the predicted option's probability set from the
+ * model's own confidence c = softmax(lp)[m] as σ(a·logit(c) + b). The other
+ * options keep their tempered proportions. The new value is floored just
+ * above where the runner-up would catch up (p_m > q₂·(1 − p_m)/(1 − q_m)):
+ * an exact tie would hand the answer to whichever option is listed first, and
+ * the map must change how sure the answer is, never the answer.
+ */
+export function labelProbabilities(lp: readonly number[], t: number, map: Platt | undefined): number[] {
+  const q = softmax(lp, t);
+  if (!map || q.length < 2) return q;
+  const m = argmax(lp);
+  const c = softmax(lp)[m]!;
+  const rest = 1 - q[m]!;
+  if (!(c > 0 && c < 1) || !(rest > 0)) return q;
+  let second = 0;
+  for (let i = 0; i < q.length; i++) if (i !== m && q[i]! > second) second = q[i]!;
+  const floor = (second / (rest + second)) * (1 + 1e-9);
+  const top = Math.max(sigmoid(map.a * logit(c) + map.b), floor);
+  return q.map((x, i) => (i === m ? top : (x * (1 - top)) / rest));
+}
+
 /**
  * The maps that apply when answers are read under `debias`: a fit records
  * the debias mode its choice/score temperatures were fitted under, and
- * averaged readings are flatter than single ones, so those temperatures are
- * dropped (identity) under another mode. noul maps do not depend on it.
+ * averaged readings are flatter than single ones, so those temperatures and
+ * top-label maps are dropped (identity) under another mode. noul maps do not
+ * depend on it.
  */
 export function calibrationForMode(fit: CalibrationFit | null | undefined, debias: string): CalibrationFit | null {
   if (!fit) return null;
   if (fit.debias === undefined || fit.debias === debias) return fit;
   const temperatures: Record<string, number> = {};
   for (const [k, t] of Object.entries(fit.temperatures)) if (k.startsWith("noul:")) temperatures[k] = t;
-  return { ...fit, temperatures };
+  return { ...fit, temperatures, top_label: {} };
 }
 
 /** labels are [yes, no]; without a fit (or with a temperature only) this is softmax(lp / T)[yes]. */
@@ -81,15 +110,15 @@ export function noulAnswer(lp: readonly number[], fit?: CalibrationMaps | null, 
   return { type: "noul", noul: calibrateNoul(z, fit, key) };
 }
 
-export function choiceAnswer(keys: readonly string[], lp: readonly number[], t = 1): ChoiceAnswer {
-  const p = softmax(lp, t);
+export function choiceAnswer(keys: readonly string[], lp: readonly number[], t = 1, top?: Platt): ChoiceAnswer {
+  const p = labelProbabilities(lp, t, top);
   const probabilities: Record<string, number> = {};
   keys.forEach((k, i) => (probabilities[k] = p[i]!));
   return { type: "choice", choice: keys[argmax(p)]!, probabilities, confidence: choiceConfidence(p) };
 }
 
-export function scoreAnswer(levels: readonly string[], lp: readonly number[], t = 1): ScoreAnswer {
-  const p = softmax(lp, t);
+export function scoreAnswer(levels: readonly string[], lp: readonly number[], t = 1, top?: Platt): ScoreAnswer {
+  const p = labelProbabilities(lp, t, top);
   const probabilities: Record<string, number> = {};
   const legend: Record<string, string> = {};
   let score = 0;
@@ -114,8 +143,8 @@ export function answer(q: QuestionReadout, lp: readonly number[], fit: Calibrati
     case "noul":
       return noulAnswer(lp, fit);
     case "choice":
-      return choiceAnswer(q.keys, lp, t);
+      return choiceAnswer(q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
     case "score":
-      return scoreAnswer(q.levels ?? q.keys, lp, t);
+      return scoreAnswer(q.levels ?? q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
   }
 }

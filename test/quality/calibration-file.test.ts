@@ -108,6 +108,16 @@ describe("mergeFit (assay calibrate rewriting a shipped file)", () => {
     expect((merged as Record<string, unknown>)["factcheck"]).toEqual({ x: 1 });
   });
 
+  it("top-label maps are decided afresh by each fit: one the new fit left out does not survive", () => {
+    const existing = readFit(fitFile("aaaa", { top_label: { "choice:4": { a: 0.5, b: 0 }, "score:5": { a: 0.7, b: 0.1 } } }));
+    const fresh = readFit(fitFile("aaaa", { top_label: { "choice:4": { a: 0.6, b: -0.1 } } }));
+    expect(mergeFit(existing, fresh).top_label).toEqual({ "choice:4": { a: 0.6, b: -0.1 } });
+  });
+
+  it("a top-label map with a ≤ 0 is not a valid fit", () => {
+    expect(() => readFit(fitFile("aaaa", { top_label: { "choice:4": { a: 0, b: 0 } } }))).toThrow();
+  });
+
   it("a file for another build is replaced whole", () => {
     const merged = mergeFit(readFit(fitFile("old", { factcheck: { x: 1 } })), readFit(fitFile("new")));
     expect(merged.build_hash).toBe("new");

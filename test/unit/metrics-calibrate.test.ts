@@ -33,10 +33,33 @@ function synthetic(): FitItem[] {
   return items;
 }
 
+/**
+ * A choice model whose confidence says nothing beyond a lapse rate: on 40% of
+ * items the gold label is drawn uniformly, whatever the model read. A single
+ * temperature must trade the confident hits against the lapses; the
+ * top-label map reads the rate of being right off the confidence directly.
+ */
+function lapsing(): FitItem[] {
+  const r = rng(7);
+  return Array.from({ length: 1500 }, () => {
+    const lp = Array.from({ length: 4 }, () => 8 * (r() - 0.5));
+    const p = softmax(lp);
+    let gold = 0;
+    if (r() < 0.4) gold = Math.floor(r() * 4);
+    else {
+      let u = r();
+      while (gold < 3 && u > p[gold]!) u -= p[gold++]!;
+    }
+    const lse = Math.log(lp.reduce((s, x) => s + Math.exp(x), 0));
+    return { dataset: "lapsing", type: "choice" as const, lp: lp.map((x) => x - lse), gold };
+  });
+}
+
 describe("fitMaps", () => {
-  it("fits a temperature per type:k with a type:* fallback, and Platt for noul", () => {
+  it("fits a temperature and a top-label map per type:k with type:* fallbacks, and Platt for noul", () => {
     const maps = fitMaps(synthetic());
     expect(Object.keys(maps.temperatures).sort()).toEqual(["choice:*", "choice:4"]);
+    expect(Object.keys(maps.top_label).sort()).toEqual(["choice:*", "choice:4"]);
     expect(maps.temperatures["choice:4"]).toBeGreaterThan(2);
     expect(maps.temperatures["choice:4"]).toBeLessThan(3.2);
     expect(Object.keys(maps.platt)).toEqual(["noul:2"]);
@@ -56,6 +79,14 @@ describe("crossValidate", () => {
       expect(r.after.nll!).toBeLessThan(r.before.nll!);
     }
     expect(cv[0]!.after.accuracy).toBe(cv[0]!.before.accuracy);
+  });
+
+  it("reports the temperature alone beside temperature + top-label; the top-label map wins where a lapse rate flattens confidence", () => {
+    const [r] = crossValidate(lapsing(), 5);
+    expect(r!.afterTemperature.ece!).toBeLessThan(r!.before.ece!);
+    expect(r!.after.ece!).toBeLessThan(r!.afterTemperature.ece!);
+    expect(r!.after.accuracy).toBe(r!.before.accuracy);
+    expect(r!.floorTemperature).not.toBeNull();
   });
 
   it("eceFloor: a calibrated model's ECE from sampling alone shrinks with n and is 0 at confidence 1", () => {

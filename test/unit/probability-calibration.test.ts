@@ -6,6 +6,8 @@ import {
   calibrationForMode,
   fitPlatt,
   fitTemperature,
+  fitTopLabel,
+  labelProbabilities,
   noulLogit,
   plattNll,
   sigmoid,
@@ -151,20 +153,71 @@ describe("calibrationForMode", () => {
     fitted_at: "2026-01-01T00:00:00Z",
     temperatures: { "choice:4": 2, "score:*": 3, "noul:2": 1.5 },
     platt: { "noul:2": { a: 0.5, b: 0 } },
+    top_label: { "choice:4": { a: 1.5, b: 0.2 } },
     debias: "cyclic",
     data: [],
   };
   it("keeps every map under the mode it was fitted under", () => {
     expect(calibrationForMode(fit, "cyclic")).toBe(fit);
   });
-  it("drops choice/score temperatures under another mode, keeps noul maps", () => {
+  it("drops choice/score temperatures and top-label maps under another mode, keeps noul maps", () => {
     const off = calibrationForMode(fit, "off")!;
     expect(off.temperatures).toEqual({ "noul:2": 1.5 });
+    expect(off.top_label).toEqual({});
     expect(off.platt).toEqual(fit.platt);
   });
   it("a fit without a recorded mode applies everywhere; none stays none", () => {
     const { debias: _, ...plain } = fit;
     expect(calibrationForMode(plain, "off")).toBe(plain);
     expect(calibrationForMode(null, "off")).toBeNull();
+  });
+});
+
+describe("top-label map (choice / score)", () => {
+  const lp = [Math.log(0.5), Math.log(0.3), Math.log(0.15), Math.log(0.05)];
+
+  it("without a map it is softmax(lp / T)", () => {
+    labelProbabilities(lp, 2, undefined).forEach((p, i) => expect(p).toBeCloseTo(softmax(lp, 2)[i]!, 12));
+  });
+
+  it("sets the predicted option from the model's own confidence and keeps the others' tempered proportions", () => {
+    const map = { a: 1.2, b: 0.4 };
+    const p = labelProbabilities(lp, 2, map);
+    const c = 0.5;
+    expect(p[0]).toBeCloseTo(sigmoid(1.2 * Math.log(c / (1 - c)) + 0.4), 12);
+    expect(p.reduce((s, x) => s + x, 0)).toBeCloseTo(1, 12);
+    const q = softmax(lp, 2);
+    expect(p[1]! / p[2]!).toBeCloseTo(q[1]! / q[2]!, 12);
+    expect(p[2]! / p[3]!).toBeCloseTo(q[2]! / q[3]!, 12);
+  });
+
+  it("never changes which option wins: a map that would drop it below the runner-up is floored just above it", () => {
+    const close = [Math.log(0.34), Math.log(0.36), Math.log(0.2), Math.log(0.1)];
+    const p = labelProbabilities(close, 1, { a: 1, b: -3 });
+    expect(p[1]).toBeGreaterThan(p[0]!);
+    expect(p[1]).toBeCloseTo(p[0]!, 8);
+    expect(answer({ type: "choice", keys: ["a", "b", "c", "d"] }, close, { top_label: { "choice:4": { a: 1, b: -3 } } })).toMatchObject({ choice: "b" });
+  });
+
+  it("is blind to option order: permuting the labels permutes the answer", () => {
+    const map = { a: 0.8, b: 0.3 };
+    const perm = [2, 0, 3, 1];
+    const p = labelProbabilities(lp, 1.7, map);
+    const pp = labelProbabilities(perm.map((i) => lp[i]!), 1.7, map);
+    perm.forEach((from, to) => expect(pp[to]).toBeCloseTo(p[from]!, 12));
+  });
+
+  it("fitTopLabel recovers the map behind how often the predicted option is right", () => {
+    const r = rng(9);
+    const items = Array.from({ length: 4000 }, () => {
+      const confidence = 0.25 + 0.74 * r();
+      const right = sigmoid(0.6 * Math.log(confidence / (1 - confidence)) + 0.7);
+      return { confidence, correct: r() < right };
+    });
+    const m = fitTopLabel(items);
+    expect(m.a).toBeGreaterThan(0.45);
+    expect(m.a).toBeLessThan(0.75);
+    expect(m.b).toBeGreaterThan(0.55);
+    expect(m.b).toBeLessThan(0.85);
   });
 });
