@@ -125,7 +125,8 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
       model: opts.model,
       resolved: { target: resolved.target, build: lb.build.manifest.build_hash },
       calibration: calibration
-        ? `temperatures ${JSON.stringify(calibration.temperatures)}, Platt ${JSON.stringify(calibration.platt ?? {})} ` +
+        ? `temperatures ${JSON.stringify(calibration.temperatures)}, Platt ${JSON.stringify(calibration.platt ?? {})}, ` +
+          `top-label ${JSON.stringify(calibration.top_label ?? {})} ` +
           `(fitted ${calibration.fitted_at} under debias ${calibration.debias ?? "unrecorded"})`
         : "none (identity)",
       debias: config.debias === "off" ? "off" : `cyclic, at most ${config.debiasMaxShifts} presentations per choice question (score: 2)`,
