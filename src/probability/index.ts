@@ -78,7 +78,10 @@ export function labelProbabilities(lp: readonly number[], t: number, map: Platt 
   const q = softmax(lp, t);
   if (!map || q.length < 2) return q;
   const m = argmax(lp);
-  const c = softmax(lp)[m]!;
+  // softmax(lp)[m] without a second vector: 1 / Σ exp(lp_i − lp_m).
+  let z = 0;
+  for (const x of lp) z += Math.exp(x - lp[m]!);
+  const c = 1 / z;
   const rest = 1 - q[m]!;
   if (!(c > 0 && c < 1) || !(rest > 0)) return q;
   let second = 0;
