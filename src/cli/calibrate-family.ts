@@ -14,7 +14,8 @@ import { ROOT, loadConfig } from "../config/index.js";
 import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/manifest.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { sigmoid } from "../probability/calibration.js";
-import { adjustForRecall, logit, recallAt, type RecallFit } from "../probability/recall.js";
+import { logit } from "../probability/calibration.js";
+import { adjustForRecall, recallAt, type RecallFit } from "../probability/recall.js";
 import { FACTCHECK_CALIBRATION_KEY } from "../families/factcheck.js";
 import { FAMILY_PROMPT_VERSION } from "../prompt/families.js";
 import {

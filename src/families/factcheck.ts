@@ -3,7 +3,7 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { calibrateNoul } from "../probability/calibration.js";
-import { logit } from "../probability/recall.js";
+import { logit } from "../probability/calibration.js";
 import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";

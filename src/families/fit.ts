@@ -1,8 +1,8 @@
 import fs from "node:fs";
 import path from "node:path";
 import { auroc, binaryPrediction, reliability } from "../eval/metrics.js";
-import { fitPlatt } from "../probability/calibration.js";
-import { adjustForRecall, fitRecallThreshold, logit, recallAt, type RecallFit } from "../probability/recall.js";
+import { fitPlatt, logit } from "../probability/calibration.js";
+import { adjustForRecall, fitRecallThreshold, recallAt, type RecallFit } from "../probability/recall.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
 import { unsureIndices, type Band } from "./escalation.js";

@@ -47,6 +47,14 @@ export interface CalibrationMaps {
   top_label?: Record<string, Platt> | undefined;
 }
 
+const LOGIT_EPS = 1e-6;
+
+/** Log-odds, clipped so that 0 and 1 stay finite. */
+export function logit(p: number): number {
+  const q = Math.min(1 - LOGIT_EPS, Math.max(LOGIT_EPS, p));
+  return Math.log(q / (1 - q));
+}
+
 export const sigmoid = (x: number): number => (x >= 0 ? 1 / (1 + Math.exp(-x)) : Math.exp(x) / (1 + Math.exp(x)));
 
 /** log σ(x), stable for large |x|. */
@@ -257,8 +265,6 @@ export function averageReadings(readings: readonly (readonly number[])[]): numbe
   const lse = logSumExp(mean);
   return mean.map((m) => m - lse);
 }
-
-export const logit = (p: number): number => Math.log(p) - Math.log1p(-p);
 
 /** One labelled item for a top-label fit: the model's own probability of its predicted option, and whether it was right. */
 export interface LabelledConfidence {

@@ -5,15 +5,10 @@
  * monotone (raw order is kept) and maps the fitted threshold to exactly 0.5.
  */
 
-import { sigmoid } from "./calibration.js";
+import { logit, sigmoid } from "./calibration.js";
 
+/** The smallest threshold a recall fit may place (the clip of `logit`). */
 const EPS = 1e-6;
-
-/** Log-odds, clipped so that 0 and 1 stay finite. */
-export function logit(p: number): number {
-  const q = Math.min(1 - EPS, Math.max(EPS, p));
-  return Math.log(q / (1 - q));
-}
 
 export interface RecallFit {
   /** Share of needed items to keep at noul > 0.5. */
