@@ -3,24 +3,33 @@
  *
  *   onRequest   Content-Length > 1 MiB  → 413, before a byte of the body is read
  *   parsing     Content-Type not JSON   → 415
+ *               Content-Encoding not zstd, gzip, deflate, br, identity → 415
  *               body grows past 1 MiB   → 413 (chunked uploads; fastify bodyLimit)
- *               → keeps the raw bytes, does NOT parse
+ *               → keeps the raw bytes, does NOT decode or parse
  *   preHandler  auth                    → 401   (src/http/auth.ts)
- *   handler     bytes → UTF-8 → JSON    → 422
+ *   handler     (concurrency slot       → 429, src/http/routes.ts)
+ *               bytes → decoded bytes   → 413 past 1 MiB decoded, 422 corrupt (content-encoding.ts)
+ *               bytes → UTF-8 → JSON    → 422
  *               JSON → RequestEnvelope  → 422
  *
- * Parsing after auth means an unauthenticated caller never gets as far as
- * the JSON parser, and a bad key is reported before a bad body.
+ * Decoding and parsing after auth means an unauthenticated caller never gets
+ * as far as a decompressor or the JSON parser, and a bad key is reported
+ * before a bad body. The 1 MiB limit holds twice for a compressed body: for
+ * the bytes sent and for the bytes they decode to.
  */
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { AssayError, invalid } from "../errors/catalogue.js";
 import { LIMITS, RequestEnvelope, describeZodError } from "../validate/schema.js";
+import { decodeContent, parseContentEncoding, type Coding } from "./content-encoding.js";
 
 export const BODY_LIMIT_DETAIL = `request body is larger than 1 MiB (${LIMITS.bodyBytes} bytes); send less`;
 
-/** The unparsed body of an `application/json` request. */
+/** The unparsed body of an `application/json` request, as sent: still compressed when `codings` says so. */
 export class RawJsonBody {
-  constructor(readonly bytes: Buffer) {}
+  constructor(
+    readonly bytes: Buffer,
+    readonly codings: readonly Coding[] = [],
+  ) {}
 }
 
 /** 413 from the Content-Length header alone. A malformed header is left to Node and fastify. */
@@ -38,7 +47,8 @@ function charsetOf(contentType: string | undefined): string | undefined {
 
 /**
  * Replace fastify's parsers with one: `application/json` (any parameters),
- * read as bytes up to the body limit. Everything else is 415.
+ * read as bytes up to the body limit, with a supported Content-Encoding.
+ * Everything else is 415.
  */
 export function registerJsonBody(app: FastifyInstance): void {
   app.removeAllContentTypeParsers();
@@ -46,16 +56,11 @@ export function registerJsonBody(app: FastifyInstance): void {
     "application/json",
     { parseAs: "buffer", bodyLimit: LIMITS.bodyBytes },
     (request, body, done) => {
-      const encoding = String(request.headers["content-encoding"] ?? "identity").trim().toLowerCase();
-      if (encoding !== "identity" && encoding !== "") {
-        done(
-          new AssayError(
-            "UNSUPPORTED_MEDIA_TYPE",
-            `Content-Encoding "${encoding.slice(0, 40)}" is not supported: send the JSON body uncompressed ` +
-              "(typesafe-sdk: TypeSafeClient(compression=False))",
-          ),
-          undefined,
-        );
+      let codings: Coding[];
+      try {
+        codings = parseContentEncoding(request.headers["content-encoding"]);
+      } catch (e) {
+        done(e as AssayError, undefined);
         return;
       }
       const charset = charsetOf(request.headers["content-type"]);
@@ -63,7 +68,7 @@ export function registerJsonBody(app: FastifyInstance): void {
         done(new AssayError("UNSUPPORTED_MEDIA_TYPE", `request body must be UTF-8 JSON; got charset "${charset}"`), undefined);
         return;
       }
-      done(null, new RawJsonBody(body as Buffer));
+      done(null, new RawJsonBody(body as Buffer, codings));
     },
   );
 }
@@ -71,21 +76,28 @@ export function registerJsonBody(app: FastifyInstance): void {
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 /**
- * Bytes → JSON value, or a 422 saying why not. The JSON parser is fastify's
- * own (secure-json-parse), which refuses `__proto__` and
+ * Bytes → JSON value, or a 413/422 saying why not. A compressed body is
+ * decoded first (413 past 1 MiB decoded, 422 corrupt). The JSON parser is
+ * fastify's own (secure-json-parse), which refuses `__proto__` and
  * `constructor.prototype` keys instead of letting them reach zod's output.
  */
-export function makeJsonDecoder(app: FastifyInstance): (request: FastifyRequest) => unknown {
+export function makeJsonDecoder(app: FastifyInstance): (request: FastifyRequest) => Promise<unknown> {
   const secureParse = app.getDefaultJsonParser("error", "error");
-  return (request) => {
+  return async (request) => {
     const body = request.body;
     if (body === undefined || body === null) {
       throw invalid("request body is required: a JSON object with `state` and `questions` (Content-Type: application/json)");
     }
     if (!(body instanceof RawJsonBody)) throw invalid("request body could not be read");
+    let bytes = body.bytes;
+    if (body.codings.length > 0) {
+      bytes = await decodeContent(body.bytes, body.codings, LIMITS.bodyBytes);
+      // Debug, next to the request's own line: what came over the wire and what it decoded to.
+      request.log.debug({ contentEncoding: body.codings.join(", "), wireBytes: body.bytes.length, bodyBytes: bytes.length }, "request body decoded");
+    }
     let text: string;
     try {
-      text = utf8.decode(body.bytes); // also drops a leading BOM
+      text = utf8.decode(bytes); // also drops a leading BOM
     } catch {
       throw invalid("request body is not valid UTF-8");
     }

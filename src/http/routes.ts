@@ -83,7 +83,7 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
     let work: Promise<SystemOneResponse> | null = null;
     let workSettled = false;
     try {
-      const envelope = await timings.time("validate", () => parseEnvelope(decodeJson(request)));
+      const envelope = await timings.time("validate", async () => parseEnvelope(await decodeJson(request)));
       request.scoring = { model: envelope.model, inputTokens: null };
       const questionCount = Object.keys(envelope.questions).length;
       work = pipeline.run(envelope, {
