@@ -22,6 +22,7 @@ import { runDatasets } from "../eval/runner.js";
 import {
   crossValidate,
   crossValidationTable,
+  leaveOneDatasetOut,
   fitItems,
   fitItemsFromResults,
   fitMaps,
@@ -46,6 +47,20 @@ export interface CalibrateCliOptions {
   readouts?: string;
   /** Fit on the main pass of `assay eval … --calibration none` results.json files instead of running the model. */
   fromResults?: string[];
+  /** Content-free prior weight per question type for the run (default: the shipped file's). */
+  prior?: Record<string, number>;
+}
+
+/** "noul=1,choice=1,score=0" → weights per question type, each in [0, 1]. */
+export function parsePrior(text: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const part of text.split(",").map((p) => p.trim()).filter(Boolean)) {
+    const m = /^(noul|choice|score)=([0-9.]+)$/.exec(part);
+    const w = Number(m?.[2]);
+    if (!m || !(w >= 0 && w <= 1)) throw new InvalidArgumentError(`--prior takes TYPE=W pairs with W in [0, 1] (e.g. noul=1,choice=1,score=0), got "${part}"`);
+    out[m[1]!] = w;
+  }
+  return out;
 }
 
 export interface CalibrateResult {
@@ -61,18 +76,26 @@ const positiveInt = (name: string) => (v: string) => {
   return n;
 };
 
+const GENERAL_KEY = /^(noul|choice|score):/;
+function familyKeys<T>(section: Record<string, T>): Record<string, T> {
+  return Object.fromEntries(Object.entries(section).filter(([k]) => !GENERAL_KEY.test(k)));
+}
+
 /**
- * The new fit merged into an existing file for the same build: maps under
- * keys fitted now are replaced, everything else (other keys, other
- * families' sections) is kept. A file for another build is replaced whole.
+ * The new fit merged into an existing file for the same build: the general
+ * keys (noul/choice/score) and the prior are the new fit's alone, the other
+ * families' sections are kept. A file for another build is replaced whole.
  */
 export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): CalibrationFit {
   if (!existing || existing.build_hash !== fit.build_hash) return fit;
+  const { prior: _old, ...rest } = existing;
   return {
-    ...existing,
+    ...rest,
     ...fit,
-    temperatures: { ...existing.temperatures, ...fit.temperatures },
-    platt: { ...(existing.platt ?? {}), ...(fit.platt ?? {}) },
+    // A refit decides every general key afresh (a key it dropped, say a
+    // per-set `choice:4`, must not survive); the families' keys are kept.
+    temperatures: { ...familyKeys(existing.temperatures), ...fit.temperatures },
+    platt: { ...familyKeys(existing.platt ?? {}), ...(fit.platt ?? {}) },
     // A refit decides the top-label maps of the general keys afresh: one it left out must not survive from the old file.
     top_label: { ...(fit.top_label ?? {}) },
     data: [...new Set([...fit.data])],
@@ -105,9 +128,11 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     if (resolved.family !== "general") throw new Error(`model "${opts.model}" is a ${resolved.family} model; calibrate fits general models`);
     const lb = pipeline.build(opts.model);
     const manifest = lb.build.manifest;
-    // Fit on the model's own readings: the loaded fit is set aside for the run.
+    // Fit on the model's own readings: the loaded fit is set aside for the
+    // run, all but the content-free prior, which is part of the reading.
     const shipped = manifest.calibration;
-    manifest.calibration = null;
+    const prior = opts.prior ?? shipped?.prior;
+    manifest.calibration = prior ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, data: [] } : null;
     let runs;
     try {
       runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
@@ -123,6 +148,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     }
     const limitNote = `${opts.limit !== undefined ? ` --limit ${opts.limit}` : ""}${opts.split ? ` --split ${opts.split.part}/${opts.split.of}` : ""}`;
     return finish(opts, io, items, {
+      ...(prior ? { prior } : {}),
       build_hash: manifest.build_hash,
       build: resolved.build,
       dir: path.basename(lb.build.dir),
@@ -136,6 +162,8 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
 }
 
 interface FitHeader {
+  /** Content-free prior weights the readings were taken under (shipped with the maps fitted on them). */
+  prior?: Record<string, number>;
   build_hash: string;
   build: string;
   dir: string;
@@ -186,73 +214,87 @@ async function calibrateFromResults(opts: CalibrateCliOptions, files: string[], 
   });
 }
 
+/** n-weighted mean of a metric over rows (Infinity where one is missing). */
+function pooled(rows: readonly CrossValidation[], pick: (r: CrossValidation) => number | null): number {
+  const n = rows.reduce((s, r) => s + r.before.n, 0);
+  return rows.reduce((s, r) => s + r.before.n * (pick(r) ?? Infinity), 0) / Math.max(1, n);
+}
+
 async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], header: FitHeader): Promise<CalibrateResult> {
-  {
-    const cv = crossValidate(items, opts.folds);
-    const maps = fitMaps(items);
-    // A map ships only if it helps out of fold (a fit on a few hundred rows
-    // can chase noise). A temperature or Platt map: where the cross-validated
-    // NLL of every dataset under its key is no better than identity, the key
-    // stays identity. A top-label map: where it does not lower the
-    // cross-validated ECE (pooled over the key's datasets) below the
-    // temperature's alone, it is left out; `type:*` keeps one only if every
-    // fitted key of that type kept its own.
-    const rejected: string[] = [];
-    const noTopLabel: string[] = [];
-    for (const key of new Set(cv.map((r) => r.key))) {
-      const rows = cv.filter((r) => r.key === key);
-      if (rows.every((r) => r.afterTemperature.nll !== null && r.before.nll !== null && r.afterTemperature.nll >= r.before.nll)) {
-        delete maps.temperatures[key];
-        delete maps.platt[key];
-        rejected.push(key);
-      }
-      if (rows[0]!.type !== "noul") {
-        const pooled = (pick: (r: CrossValidation) => number | null) => rows.reduce((s, r) => s + r.before.n * (pick(r) ?? Infinity), 0);
-        if (!(pooled((r) => r.after.ece) < pooled((r) => r.afterTemperature.ece))) {
-          delete maps.top_label[key];
-          noTopLabel.push(key);
-        }
-      }
-    }
-    for (const type of ["choice", "score"]) {
-      if (noTopLabel.some((k) => k.startsWith(`${type}:`))) delete maps.top_label[`${type}:*`];
-    }
-    if (rejected.length > 0) io.stderr(`assay calibrate: no out-of-fold gain for ${rejected.join(", ")}: left as identity\n`);
-    if (noTopLabel.length > 0) io.stderr(`assay calibrate: the top-label map does not lower the out-of-fold ECE for ${noTopLabel.join(", ")}: temperature alone\n`);
-    const fit = CalibrationFit.parse({
-      ...header,
-      fitted_at: new Date().toISOString(),
-      temperatures: maps.temperatures,
-      platt: maps.platt,
-      top_label: maps.top_label,
-      identity_kept: rejected,
-      top_label_left_out: noTopLabel,
-      cross_validation: cv.map((r) => ({
-        dataset: r.dataset,
-        key: r.key,
-        folds: opts.folds,
-        before: r.before,
-        after_temperature: r.afterTemperature,
-        ece_floor_temperature: r.floorTemperature,
-        ...(r.type === "noul" ? {} : { after_top_label: r.after, ece_floor_top_label: r.floor }),
-      })),
-    });
-    io.stdout(crossValidationTable(cv, opts.folds));
-    io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\ntop_label ${JSON.stringify(maps.top_label)}\n`);
-    let file: string | null = null;
-    if (opts.write) {
-      file = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);
-      const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
-      if (existing && existing.build_hash !== fit.build_hash) {
-        io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
-      }
-      const merged = mergeFit(existing, fit);
-      fs.mkdirSync(path.dirname(file), { recursive: true });
-      fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
-      io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
-    }
-    return { fit, file, crossValidation: cv, items };
+  const cv = crossValidate(items, opts.folds);
+  const lodo = leaveOneDatasetOut(items);
+  const maps = fitMaps(items);
+  // One map per type, fitted on every set of the type pooled: a key fitted on
+  // one set alone (`choice:4` from AG News) is that set's k-fold figure
+  // again, which did not hold on unseen rows. Keys whose data spans several
+  // sets (`score:5`, `noul:2`) stay: leave-one-dataset-out tests them.
+  const setsOf = (key: string) => new Set(items.filter((it) => `${it.type}:${it.lp.length}` === key).map((it) => it.dataset));
+  for (const section of [maps.temperatures, maps.platt, maps.top_label] as Record<string, unknown>[]) {
+    for (const key of Object.keys(section)) if (!key.endsWith(":*") && setsOf(key).size < 2) delete section[key];
   }
+  // A map ships only where it lowers the leave-one-dataset-out ECE of its
+  // type (pooled over the held-out sets); a top-label map only where it
+  // lowers it below the temperature's alone. A type with a single set has no
+  // such test: k-fold decides, as before, and the report says so.
+  const rejected: string[] = [];
+  const noTopLabel: string[] = [];
+  for (const type of ["noul", "choice", "score"] as const) {
+    const rows = lodo.filter((r) => r.type === type);
+    const kf = cv.filter((r) => r.type === type);
+    if (kf.length === 0) continue;
+    const judge = rows.length > 0 ? rows : kf;
+    const keys = [...Object.keys(maps.temperatures), ...Object.keys(maps.platt)].filter((k) => k.startsWith(`${type}:`));
+    if (!(pooled(judge, (r) => r.afterTemperature.ece) < pooled(judge, (r) => r.before.ece))) {
+      for (const k of keys) {
+        delete maps.temperatures[k];
+        delete maps.platt[k];
+      }
+      rejected.push(type);
+    }
+    if (type !== "noul" && !(pooled(judge, (r) => r.after.ece) < pooled(judge, (r) => r.afterTemperature.ece) && !rejected.includes(type))) {
+      for (const k of Object.keys(maps.top_label)) if (k.startsWith(`${type}:`)) delete maps.top_label[k];
+      noTopLabel.push(type);
+    }
+  }
+  if (rejected.length > 0) io.stderr(`assay calibrate: no leave-one-dataset-out gain for ${rejected.join(", ")}: left as identity\n`);
+  if (noTopLabel.length > 0) io.stderr(`assay calibrate: no top-label map for ${noTopLabel.join(", ")} (it does not lower the leave-one-dataset-out ECE)\n`);
+  const summary = (rows: CrossValidation[], how: string) =>
+    rows.map((r) => ({
+      dataset: r.dataset,
+      key: r.key,
+      validation: how,
+      before: r.before,
+      after_temperature: r.afterTemperature,
+      ece_floor_temperature: r.floorTemperature,
+      ...(r.type === "noul" ? {} : { after_top_label: r.after, ece_floor_top_label: r.floor }),
+    }));
+  const fit = CalibrationFit.parse({
+    ...header,
+    fitted_at: new Date().toISOString(),
+    temperatures: maps.temperatures,
+    platt: maps.platt,
+    top_label: maps.top_label,
+    ...(header.prior ? { prior: header.prior } : {}),
+    identity_kept: rejected,
+    top_label_left_out: noTopLabel,
+    cross_validation: [...summary(cv, `${opts.folds}-fold`), ...summary(lodo, "leave-one-dataset-out")],
+  });
+  io.stdout(`${opts.folds}-fold, within each set:\n${crossValidationTable(cv, opts.folds)}`);
+  io.stdout(`\nleave-one-dataset-out (maps fitted on the other sets of the type):\n${crossValidationTable(lodo, opts.folds).replace(/\(\d+-fold\)/g, "(LODO)")}`);
+  io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\ntop_label ${JSON.stringify(maps.top_label)}\nprior ${JSON.stringify(header.prior ?? {})}\n`);
+  let file: string | null = null;
+  if (opts.write) {
+    file = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);
+    const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+    if (existing && existing.build_hash !== fit.build_hash) {
+      io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
+    }
+    const merged = mergeFit(existing, fit);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
+    io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
+  }
+  return { fit, file, crossValidation: cv, items };
 }
 
 export function registerCalibrateCommand(program: Command, io: CliIO): void {
@@ -270,6 +312,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--debias <mode>", "off | cyclic (default: ASSAY_DEBIAS)")
     .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
+    .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -289,6 +332,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         concurrency: number;
         readouts?: string;
         fromResults?: string[];
+        prior?: Record<string, number>;
       }) => {
         if (!o.data && !o.fromResults) throw new Error("give --data FILE… (or --from-results results.json…)");
         const config = loadConfig(io.env);
@@ -324,6 +368,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
             ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
             ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
+            ...(o.prior !== undefined ? { prior: o.prior } : {}),
           },
           io,
         );

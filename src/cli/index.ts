@@ -9,6 +9,7 @@ import { registerEvalCommand } from "./eval.js";
 import { registerCalibrateCommand } from "./calibrate.js";
 import { registerBatchCommand } from "./batch.js";
 import { registerCreditCommands } from "./credit.js";
+import { registerStudyCommand } from "./study.js";
 
 export type { CliIO } from "./keys.js";
 
@@ -28,6 +29,7 @@ export function buildCli(io: CliIO = defaultIO()): Command {
   registerEvalCommand(program, io);
   registerCalibrateCommand(program, io);
   registerBatchCommand(program, io);
+  registerStudyCommand(program, io);
   return program;
 }
 

@@ -259,3 +259,38 @@ export function crossValidationTable(rows: readonly CrossValidation[], folds: nu
   ];
   return lines.join("\n") + "\n";
 }
+
+/**
+ * Leave-one-dataset-out: each dataset is scored with maps fitted on the
+ * other datasets of its type only (pooled), the test that k-fold within one
+ * set fails — its folds share the set's source, wording and label balance,
+ * and unseen rows of a new source do not. Datasets alone in their type are
+ * not scored.
+ */
+export function leaveOneDatasetOut(items: readonly FitItem[]): CrossValidation[] {
+  const out: CrossValidation[] = [];
+  const sets = [...new Set(items.map((it) => it.dataset))];
+  for (const ds of sets) {
+    const mine = items.filter((it) => it.dataset === ds);
+    const type = mine[0]!.type;
+    const train = items.filter((it) => it.dataset !== ds && it.type === type);
+    if (train.length === 0) continue;
+    // Keys by option count would fit the held set's own count only when another set shares it; the pooled map covers the rest.
+    const maps = fitMaps(train);
+    const temperatureOnly = { ...maps, top_label: {} };
+    const gold = mine.map((it) => it.gold);
+    const after = mine.map((it) => applyMaps(it, maps));
+    const afterTemperature = mine.map((it) => applyMaps(it, temperatureOnly));
+    out.push({
+      dataset: ds,
+      type,
+      key: keyOf(mine[0]!),
+      before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
+      after: scoreProbabilities(type, after, gold),
+      afterTemperature: scoreProbabilities(type, afterTemperature, gold),
+      floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
+      floorTemperature: eceFloor(afterTemperature.map((p) => predictedConfidence(type, p))),
+    });
+  }
+  return out;
+}

@@ -21,6 +21,11 @@ export const CalibrationFit = z.looseObject({
   platt: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
   /** Top-label maps σ(a·logit(c) + b) on the predicted option's probability (choice/score), keyed like temperatures; a > 0. */
   top_label: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
+  /**
+   * Weight of the content-free prior subtracted per question type ("noul", "choice", "score"),
+   * 0–1; absent or 0: none (src/pipeline/prior.ts). The maps above are fitted on readings with it applied.
+   */
+  prior: z.record(z.string(), z.number().min(0).max(1)).optional(),
   /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
   data: z.array(z.string()).default([]),

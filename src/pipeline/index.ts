@@ -22,6 +22,8 @@ import { runCodeSearch } from "../families/codesearch.js";
 import { runFactCheck } from "../families/factcheck.js";
 import type { FamilyEnv } from "../families/types.js";
 import type { Timings } from "./timings.js";
+import { PriorCache, subtractPrior } from "./prior.js";
+import type { CalibrationFit } from "../models/manifest.js";
 
 export { loadBuild, type LoadedBuild } from "./build.js";
 
@@ -32,6 +34,8 @@ export interface PreparedQuestion {
   levels?: string[];
   /** Option index of each label read (several surface forms may share one). */
   option: number[];
+  /** Per block, when the blocks map labels to options differently (numbered options): the label → option map. */
+  blockOptions?: number[][];
   /**
    * Packed blocks holding this question's presentations (one unless the
    * options are shown in several orders, see ASSAY_DEBIAS); their readings
@@ -50,6 +54,8 @@ export interface PreparedRequest {
   debias?: Debias;
   /** What it was prepared from, so that it can be packed again another way. */
   source?: { state: State; questions: Record<string, Question> };
+  /** The packed blocks as encoded, in block order: what a content-free prior reads again. */
+  encoded?: EncodedQuestion[];
 }
 
 /** ASSAY_DEBIAS / ASSAY_DEBIAS_MAX_SHIFTS as the prompt layer takes them. */
@@ -60,10 +66,10 @@ export function debiasOf(config: Pick<Config, "debias"> & { debiasMaxShifts?: nu
 const sameDebias = (a: Debias | undefined, b: Debias) => a !== undefined && a.mode === b.mode && (a.mode === "off" || a.maxShifts === b.maxShifts);
 
 /** Per option, the log of the summed probability of its labels. */
-export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[]): number[] {
+export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[], option: readonly number[] = q.option): number[] {
   const out = new Array<number>(q.keys.length).fill(-Infinity);
   labelLp.forEach((lp, i) => {
-    const o = q.option[i]!;
+    const o = option[i]!;
     const a = out[o]!;
     const m = Math.max(a, lp);
     out[o] = m === -Infinity ? -Infinity : m + Math.log(Math.exp(a - m) + Math.exp(lp - m));
@@ -95,8 +101,9 @@ export function prepare(
   const prefix = lb.tokenizer.encode(prompt.prefix);
   let packed: PackedRequest;
   let blocks: number[][];
+  let encoded: EncodedQuestion[];
   for (;;) {
-    const encoded: EncodedQuestion[] = [];
+    encoded = [];
     blocks = [];
     for (const q of prompt.questions) {
       const labels = q.labels.map((l) => labelIds(lb, l));
@@ -122,9 +129,18 @@ export function prepare(
     packed,
     debias: requested,
     source: { state, questions },
+    encoded,
     questions: prompt.questions.map((q, i) => {
       const src = questions[q.id]!;
-      const base = { id: q.id, type: q.type, keys: q.keys, option: q.option, blocks: blocks[i]! };
+      const base = {
+        id: q.id,
+        type: q.type,
+        keys: q.keys,
+        option: q.option,
+        blocks: blocks[i]!,
+        // Blocks dropped for length (above) are the trailing variants: their maps go with them.
+        ...(q.variantOptions ? { blockOptions: [q.option, ...q.variantOptions].slice(0, blocks[i]!.length) } : {}),
+      };
       return src.type === "score" ? { ...base, levels: src.criteria } : base;
     }),
   };
@@ -132,6 +148,8 @@ export function prepare(
 
 export class EnginePipeline implements Pipeline {
   private readonly builds = new Map<string, LoadedBuild>();
+  /** Content-free readings of questions, per build (src/pipeline/prior.ts). */
+  readonly priors = new PriorCache();
   private warm = false;
   private readonly families: FamilyEnv;
 
@@ -271,8 +289,15 @@ export class EnginePipeline implements Pipeline {
     const lps = readLabels(prepared.packed, out.logprobs);
     const answers: Record<string, Answer> = {};
     const fit = calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off");
+    const priors = await this.readPriors(lb, prepared, fit, ctx);
     prepared.questions.forEach((q, i) => {
-      const readings = (q.blocks ?? [i]).map((b) => optionLogprobs(q, lps[b]!));
+      const w = fit?.prior?.[q.type] ?? 0;
+      const readings = (q.blocks ?? [i]).map((b, j) => {
+        const option = q.blockOptions?.[j] ?? q.option;
+        const lp = optionLogprobs(q, lps[b]!, option);
+        const prior = priors.get(b);
+        return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, prior, option), w) : lp;
+      });
       if (readings.some((lp) => lp.some((x) => !Number.isFinite(x)))) {
         throw new AssayError("MODEL_FAILED", `the model returned non-finite log-probabilities for question "${q.id}"`);
       }
@@ -281,6 +306,21 @@ export class EnginePipeline implements Pipeline {
     });
     ctx.timings.add("probability", performance.now() - t);
     return answers;
+  }
+
+  /** Content-free readings of the blocks whose question type has a prior weight, by block index. */
+  private async readPriors(lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
+    const out = new Map<number, number[]>();
+    if (!fit?.prior || !prepared.encoded) return out;
+    const blocks = prepared.questions.flatMap((q, i) => ((fit.prior?.[q.type] ?? 0) > 0 ? (q.blocks ?? [i]) : []));
+    if (blocks.length === 0) return out;
+    const t0 = performance.now();
+    const limit = Math.min(this.config.maxPackedTokens, lb.build.manifest.context_length);
+    const reads = await this.priors.read(lb, this.pool, blocks.map((b) => prepared.encoded![b]!), limit, ctx.signal);
+    blocks.forEach((b, n) => out.set(b, reads[n]!));
+    // The prior pass is model work like the main pass (a cache hit costs nothing here).
+    ctx.timings.add("inference", performance.now() - t0);
+    return out;
   }
 
   async close(): Promise<void> {

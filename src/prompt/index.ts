@@ -37,6 +37,12 @@ export interface QuestionPrompt {
    */
   variants?: string[];
   /**
+   * Option index of each label in each variant, when it differs from
+   * `option`: a numbered option list reads the same labels ("1", "2", …)
+   * in every presentation, but "1" names another option in each.
+   */
+  variantOptions?: number[][];
+  /**
    * The suffix with the options in the caller's order, when the first
    * presentation shows them in another: what `usage.input_tokens` counts,
    * so that the charge does not depend on the debias setting.
@@ -129,15 +135,27 @@ export function buildQuestion(
       };
     }
     case "choice": {
+      // Options are numbered and the number is read: a key can be a long
+      // phrase that shares its first tokens with others (snake_case intents),
+      // while "1" … "k" are short, distinct and read alike for every option
+      // (measured in bench/RESULTS.md, issue 18: the readout study).
       const keys = Object.keys(q.criteria);
+      const shown = order ?? keys.map((_, j) => j);
       const lines = [`Question: ${ask && ask.length > 0 ? ask : "Which option fits the state best?"}`, "Options:"];
-      for (const i of order ?? keys.map((_, j) => j)) {
+      shown.forEach((i, j) => {
         const k = keys[i]!;
         const d = q.criteria[k];
-        lines.push(d === null || d === undefined || d === k ? `- ${k}` : `- ${k}: ${d}`);
-      }
-      lines.push("Answer with the option key only.");
-      return optionQuestion(style, id, "choice", lines, keys);
+        lines.push(d === null || d === undefined || d === k ? `${j + 1}. ${k}` : `${j + 1}. ${k}: ${d}`);
+      });
+      lines.push("Answer with the option number only.");
+      return {
+        id,
+        type: "choice",
+        suffix: closeTurn(style, lines.join("\n")),
+        labels: shown.map((_, j) => label(style, String(j + 1))),
+        option: shown.slice(),
+        keys,
+      };
     }
     case "score": {
       const shown = order ?? q.criteria.map((_, i) => i);
@@ -232,16 +250,20 @@ export function buildPrompt(
       const [first, ...rest] = presentationOrders(q, debias);
       const debiased = debias.mode !== "off";
       const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first, { debiased });
+      const others = rest.map((o) => buildQuestion(style, id, q, o, { debiased }));
       const plain = debiased ? buildQuestion(style, id, q).suffix : main.suffix;
       const own = plain === main.suffix ? null : plain;
       // The labels are read in a canonical order too (sorted by text), so
       // that the packed label trie, and with it the arithmetic, is the same
       // whatever order the caller wrote the options in.
       const canon = debias.mode === "off" || q.type === "noul" ? null : main.labels.map((_, i) => i).sort((a, b) => (main.labels[a]! < main.labels[b]! ? -1 : 1));
+      const reorder = (option: number[]) => (canon ? canon.map((i) => option[i]!) : option);
+      const moved = others.some((v) => v.option.some((o, i) => o !== main.option[i]));
       return {
         ...main,
-        ...(canon ? { labels: canon.map((i) => main.labels[i]!), option: canon.map((i) => main.option[i]!) } : {}),
-        ...(rest.length > 0 ? { variants: rest.map((o) => buildQuestion(style, id, q, o, { debiased }).suffix) } : {}),
+        ...(canon ? { labels: canon.map((i) => main.labels[i]!), option: reorder(main.option) } : {}),
+        ...(others.length > 0 ? { variants: others.map((v) => v.suffix) } : {}),
+        ...(moved ? { variantOptions: others.map((v) => reorder(v.option)) } : {}),
         ...(own !== null ? { billedSuffix: own } : {}),
       };
     }),

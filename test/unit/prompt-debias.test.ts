@@ -60,16 +60,23 @@ describe("debiased prompts", () => {
     expect(suffixes(choice(["World", "Sports"]), NO_DEBIAS)).not.toEqual(suffixes(choice(["Sports", "World"]), NO_DEBIAS));
   });
 
-  it("keys stay in the caller's order; labels are read in a canonical order, mapped back to their options", () => {
+  it("keys stay in the caller's order; every presentation reads the same number labels, each mapped to the option it numbers there", () => {
     const p = buildPrompt(CHATML, "s", { q: choice(["b", "a", "c"]) }, CYCLIC).questions[0]!;
     expect(p.keys).toEqual(["b", "a", "c"]);
-    expect(p.labels).toEqual(["a", "b", "c"]);
+    expect(p.labels).toEqual(["1", "2", "3"]);
+    // Canonical order a, b, c: "1" is a (option 1), "2" is b (option 0), "3" is c.
     expect(p.option).toEqual([1, 0, 2]);
+    expect(p.variants).toHaveLength(2);
+    // Shifted once: b, c, a.
+    expect(p.variantOptions).toEqual([
+      [0, 2, 1],
+      [2, 1, 0],
+    ]);
     const r = buildPrompt(CHATML, "s", { q: choice(["c", "b", "a"]) }, CYCLIC).questions[0]!;
     expect(r.labels).toEqual(p.labels);
-    expect(p.variants).toHaveLength(2);
+    expect([r.suffix, ...r.variants!]).toEqual([p.suffix, ...p.variants!]);
     // Canonical order a, b, c shows first; the caller's own wording is what is billed.
-    expect(p.suffix.indexOf("- a")).toBeLessThan(p.suffix.indexOf("- b"));
+    expect(p.suffix.indexOf("1. a")).toBeLessThan(p.suffix.indexOf("2. b"));
     expect(p.billedSuffix).toBe(buildQuestion(CHATML, "q", choice(["b", "a", "c"])).suffix);
     // Already in canonical order: the first presentation is the caller's own text.
     expect(buildPrompt(CHATML, "s", { q: choice(["a", "b", "c"]) }, CYCLIC).questions[0]!.billedSuffix).toBeUndefined();

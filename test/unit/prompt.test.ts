@@ -158,45 +158,50 @@ describe("choice questions", () => {
     criteria: { red: "The car is red", blue: null, green: "The car is green" },
   };
 
-  it.each(STYLES)("%s: suffix holds the question and every option", (name, style) => {
+  it.each(STYLES)("%s: suffix holds the question and every option, numbered", (name, style) => {
     const p = buildQuestion(style, "c", q);
     expect(p.type).toBe("choice");
     expect(p.suffix).toContain("What color is the car?");
-    expect(p.suffix).toContain("- red: The car is red");
-    expect(p.suffix).toContain("- green: The car is green");
+    expect(p.suffix).toContain("1. red: The car is red");
+    expect(p.suffix).toContain("3. green: The car is green");
     expect(p.suffix.endsWith(ANSWER_START[name])).toBe(true);
   });
 
-  it("a null description reads the key", () => {
+  it("a null description shows the key alone", () => {
     const p = buildQuestion(CHATML, "c", q);
-    expect(p.suffix).toMatch(/^- blue$/m);
-    expect(p.suffix).not.toContain("blue: null");
+    expect(p.suffix).toMatch(/^2\. blue$/m);
     expect(p.suffix).not.toContain("null");
   });
 
-  it("options are listed in key order", () => {
+  it("options are listed in the order given", () => {
     const s = buildQuestion(CHATML, "c", q).suffix;
-    expect(s.indexOf("- red")).toBeLessThan(s.indexOf("- blue"));
-    expect(s.indexOf("- blue")).toBeLessThan(s.indexOf("- green"));
+    expect(s.indexOf("1. red")).toBeLessThan(s.indexOf("2. blue"));
+    expect(s.indexOf("2. blue")).toBeLessThan(s.indexOf("3. green"));
+    const shifted = buildQuestion(CHATML, "c", q, [2, 0, 1]).suffix;
+    expect(shifted).toMatch(/1\. green: The car is green\n2\. red: The car is red\n3\. blue\n/);
   });
 
-  it("keys are the option keys in order; labels are the keys (with a space in completion style)", () => {
+  it("keys are the option keys; labels are the numbers shown, each mapped to the option it numbers (with a space in completion style)", () => {
     const chat = buildQuestion(CHATML, "c", q);
     expect(chat.keys).toEqual(["red", "blue", "green"]);
-    expect(chat.labels).toEqual(["red", "blue", "green"]);
-    const comp = buildQuestion(COMPLETION, "c", q);
+    expect(chat.labels).toEqual(["1", "2", "3"]);
+    expect(chat.option).toEqual([0, 1, 2]);
+    const comp = buildQuestion(COMPLETION, "c", q, [1, 2, 0]);
     expect(comp.keys).toEqual(["red", "blue", "green"]);
-    expect(comp.labels).toEqual([" red", " blue", " green"]);
+    expect(comp.labels).toEqual([" 1", " 2", " 3"]);
+    expect(comp.option).toEqual([1, 2, 0]);
   });
 
-  it("multi-token and nested keys are kept whole as labels", () => {
-    const p = buildQuestion(CHATML, "c", { type: "choice", criteria: { "1": null, "12": null, card_payment_fee_charged: "fee" } });
-    expect(p.keys).toEqual(["1", "12", "card_payment_fee_charged"]);
-    expect(p.labels).toEqual(["1", "12", "card_payment_fee_charged"]);
+  it("many options: numbers that share digits are distinct labels (read exactly by the label trie)", () => {
+    const criteria = Object.fromEntries(Array.from({ length: 12 }, (_, i) => [`intent_${i}`, null]));
+    const p = buildQuestion(CHATML, "c", { type: "choice", criteria });
+    expect(p.labels).toContain("1");
+    expect(p.labels).toContain("12");
+    expect(new Set(p.labels).size).toBe(12);
   });
 
-  it("tells the model to answer with the key", () => {
-    expect(buildQuestion(CHATML, "c", q).suffix).toMatch(/option key/);
+  it("tells the model to answer with the number", () => {
+    expect(buildQuestion(CHATML, "c", q).suffix).toMatch(/option number only/);
   });
 });
 
@@ -274,7 +279,7 @@ describe("buildPrompt", () => {
     expect(count(text, "<|im_end|>")).toBe(2);
     expect(text).toMatch(/^<\|im_start\|>system\n[^]*<\|im_end\|>\n<\|im_start\|>user\n[^]*<\|im_end\|>\n<\|im_start\|>assistant\n$/);
     // The state comes before the question inside the user turn.
-    expect(text.indexOf("The car is red.")).toBeLessThan(text.indexOf("- red"));
+    expect(text.indexOf("The car is red.")).toBeLessThan(text.indexOf("1. red"));
   });
 
   it("completion: prefix + suffix ends at 'Answer:' (labels start with a space)", () => {

@@ -1,0 +1,326 @@
+/**
+ * The readout study (issue 18): how a question is asked and read, measured.
+ *
+ * For every dev row, one packed pass reads many ways of asking the same
+ * question as branches of one prefix (system text + state): noul wordings,
+ * choice labels (keys, readable keys, numbers, one yes/no branch per option),
+ * score labels (names, numbers, one yes/no branch per level, an "upper half"
+ * branch). A second pass puts the question before the state (alone, and
+ * repeated after it). Every branch is also read against content-free states
+ * ("N/A", empty) for contextual calibration. The per-token label
+ * log-probabilities are cached on disk, so the analysis (study-report.ts)
+ * can compare sums, means and first tokens, priors and calibration maps
+ * without running the model again.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { closeTurn, label, renderState, type PromptStyle } from "../prompt/index.js";
+import { labelIds, type LoadedBuild } from "../pipeline/build.js";
+import { pack, type EncodedQuestion } from "../inference/pack.js";
+import type { InferencePool } from "../inference/pool.js";
+import type { Dataset, EvalItem } from "./datasets.js";
+import { factcheckPrefix } from "../prompt/families.js";
+import { branchCost, planPasses } from "../families/yesno.js";
+
+/** How datasets.ts words a fact check row's claim as a general noul question. */
+const CLAIM = "The document supports this claim: ";
+
+/** One read of a question: its labels, the option each label stands for, and what was read. */
+export interface Branch {
+  /** Variant name. */
+  v: string;
+  /** Per-option yes/no variants: the option this branch asks about. */
+  t?: number;
+  /** Option index of each label. */
+  option: number[];
+  /** Per label, the log-probability of each of its tokens. */
+  lps: number[][];
+}
+
+export interface StudyRow {
+  id: string;
+  /** Gold option index (noul: 0 = true, 1 = false). */
+  gold: number;
+  k: number;
+  /** Reads against the real state. */
+  branches: Branch[];
+  /** Reads against content-free states, keyed by the neutral state. */
+  cf: Record<string, Branch[]>;
+  /** Engine milliseconds of the main pass, and its packed tokens. */
+  ms: number;
+  tokens: number;
+}
+
+interface Ask {
+  v: string;
+  t?: number;
+  suffix: string;
+  labels: string[];
+  option: number[];
+}
+
+const SYSTEM =
+  "You are a careful, impartial judge. You read a state (text or JSON) and answer one question about it. " +
+  "Answer with exactly one of the allowed labels and nothing else.";
+
+const YES_NO = { labels: ["yes", "Yes", "no", "No"], option: [0, 0, 1, 1] };
+
+export const NEUTRAL_STATES = ["N/A", ""];
+
+function prefixText(style: PromptStyle, body: string): string {
+  if (style.kind === "chatml") return `<|im_start|>system\n${SYSTEM}${style.end}\n<|im_start|>user\n${body}`;
+  return `${SYSTEM}\n\n${body}`;
+}
+
+const stateBlock = (state: string) => `State:\n${state}\n\n`;
+
+/** Readable form of an option key: `card_arrival` → `card arrival`. */
+export const readable = (key: string) => key.replace(/_/g, " ");
+
+function yesNo(style: PromptStyle, v: string, text: string, t?: number): Ask {
+  return { v, ...(t !== undefined ? { t } : {}), suffix: closeTurn(style, text), labels: YES_NO.labels.map((l) => label(style, l)), option: YES_NO.option };
+}
+
+function cyclic(k: number, maxShifts: number): number[][] {
+  const base = Array.from({ length: k }, (_, i) => i);
+  const m = k <= maxShifts ? k : 1;
+  return Array.from({ length: m }, (_, off) => base.map((_, i) => (i + off) % k));
+}
+
+/** The question text of an item, as the caller wrote it. */
+function questionOf(it: EvalItem): string {
+  return (it.question.instructions ?? "").trim();
+}
+
+/** Branches read after the state, sharing the state prefix. */
+export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
+  const q = questionOf(it);
+  const L = (s: string) => label(style, s);
+  switch (it.type) {
+    case "noul":
+      return [
+        yesNo(style, "stmt", `Statement: ${q}\nIs the statement true of the state? Answer yes or no.`),
+        yesNo(style, "question", `Question: ${q}\nAnswer yes or no.`),
+        yesNo(style, "question_ctx", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
+        yesNo(style, "true_false", `Is this true according to the state: ${q}\nAnswer yes or no.`),
+      ];
+    case "choice": {
+      const keys = it.options;
+      const k = keys.length;
+      const out: Ask[] = [];
+      for (const order of cyclic(k, 8)) {
+        const list = (f: (i: number) => string) => order.map((i) => f(i)).join("\n");
+        out.push({
+          v: "keys",
+          suffix: closeTurn(style, `Question: ${q}\nOptions:\n${list((i) => `- ${keys[i]}`)}\nAnswer with the option key only.`),
+          labels: keys.map(L),
+          option: keys.map((_, i) => i),
+        });
+        if (keys.some((x) => readable(x) !== x)) {
+          out.push({
+            v: "readable",
+            suffix: closeTurn(style, `Question: ${q}\nOptions:\n${list((i) => `- ${readable(keys[i]!)}`)}\nAnswer with the option only.`),
+            labels: keys.map((x) => L(readable(x))),
+            option: keys.map((_, i) => i),
+          });
+        }
+        // Numbered options: the label is the number shown, so it moves with the order.
+        out.push({
+          v: "numbers",
+          suffix: closeTurn(style, `Question: ${q}\nOptions:\n${order.map((i, j) => `${j + 1}. ${readable(keys[i]!)}`).join("\n")}\nAnswer with the option number only.`),
+          labels: order.map((_, j) => L(String(j + 1))),
+          option: order.slice(),
+        });
+      }
+      const shown = keys.map(readable).join(", ");
+      keys.forEach((key, i) => {
+        out.push(yesNo(style, "yesno", `Question: ${q}\nIs the answer "${readable(key)}"? Answer yes or no.`, i));
+        // The whole list in every branch costs k² tokens: only for short lists.
+        if (k <= 8) out.push(yesNo(style, "yesno_list", `Question: ${q}\nOptions: ${shown}\nIs the answer "${readable(key)}"? Answer yes or no.`, i));
+      });
+      return out;
+    }
+    case "score": {
+      const lv = it.levels;
+      const k = lv.length;
+      const up = lv.map((_, i) => i);
+      const out: Ask[] = [];
+      for (const order of [up, [...up].reverse()]) {
+        out.push({
+          v: "names",
+          suffix: closeTurn(style, `Question: ${q}\nLevels:\n${order.map((i) => `- ${lv[i]}`).join("\n")}\nAnswer with the level name only.`),
+          labels: lv.map(L),
+          option: up.slice(),
+        });
+        // Instruct models start an answer with a capital: read both casings of each name, as noul reads yes/Yes.
+        const cap = (x: string) => x.charAt(0).toUpperCase() + x.slice(1);
+        out.push({
+          v: "names_cased",
+          suffix: closeTurn(style, `Question: ${q}\nLevels:\n${order.map((i) => `- ${lv[i]}`).join("\n")}\nAnswer with the level name only.`),
+          labels: [...lv.map(L), ...lv.filter((x) => cap(x) !== x).map((x) => L(cap(x)))],
+          option: [...up, ...up.filter((i) => cap(lv[i]!) !== lv[i])],
+        });
+        out.push({
+          v: "numbers",
+          suffix: closeTurn(
+            style,
+            `Question: ${q}\nLevels, from ${order[0] === 0 ? "lowest to highest" : "highest to lowest"}:\n${order.map((i) => `${i}: ${lv[i]}`).join("\n")}\nAnswer with the level number only.`,
+          ),
+          labels: up.map((i) => L(String(i))),
+          option: up.slice(),
+        });
+      }
+      lv.forEach((name, i) => out.push(yesNo(style, "yesno", `Question: ${q}\nIs the answer "${name}"? Answer yes or no.`, i)));
+      out.push(yesNo(style, "upper", `Question: ${q}\nScale: from "${lv[0]}" to "${lv[k - 1]}".\nIs it closer to "${lv[k - 1]}" than to "${lv[0]}"? Answer yes or no.`));
+      for (let i = 1; i < k; i++) {
+        out.push(yesNo(style, "atleast", `Question: ${q}\nScale, from lowest to highest: ${lv.map((x) => `"${x}"`).join(", ")}.\nIs it "${lv[i]}" or higher? Answer yes or no.`, i));
+      }
+      return out;
+    }
+  }
+}
+
+/** The question before the state: a prefix of its own, closed alone ("before") or with the question again ("sandwich"). */
+export function askBefore(style: PromptStyle, it: EvalItem): { prefix: string; asks: Ask[] } | null {
+  const q = questionOf(it);
+  const claim = q.startsWith(CLAIM) ? q.slice(CLAIM.length) : null;
+  if (it.type === "noul" && claim !== null) {
+    // Fact check rows: the family's own prompt (fact checker system text, the document first) against wordings of the claim.
+    return {
+      prefix: factcheckPrefix(style, it.state),
+      asks: [
+        yesNo(style, "fc", `Claim: ${claim}\nIs the claim supported by the document? Answer yes or no.`),
+        yesNo(style, "fc_q", `Does the document support this claim?\nClaim: ${claim}\nAnswer yes or no.`),
+        yesNo(style, "fc_all", `Claim: ${claim}\nIs every part of the claim stated in or directly implied by the document? Answer yes or no.`),
+        yesNo(style, "fc_true", `According to the document, is this true? ${claim}\nAnswer yes or no.`),
+      ],
+    };
+  }
+  if (it.type === "noul") {
+    return {
+      prefix: prefixText(style, `Question: ${q}\n\n${stateBlock(renderState(it.state))}`),
+      asks: [yesNo(style, "before", "Answer the question above with yes or no."), yesNo(style, "sandwich", `Question: ${q}\nAnswer yes or no.`)],
+    };
+  }
+  if (it.type === "score") {
+    const lv = it.levels;
+    const intro = `Question: ${q}\nLevels:\n${lv.map((x) => `- ${x}`).join("\n")}\n\n`;
+    return {
+      prefix: prefixText(style, `${intro}${stateBlock(renderState(it.state))}`),
+      asks: [
+        { v: "before_names", suffix: closeTurn(style, "Answer with the level name only."), labels: lv.map((x) => label(style, x)), option: lv.map((_, i) => i) },
+        {
+          v: "sandwich_names",
+          suffix: closeTurn(style, `Question: ${q}\nLevels:\n${lv.map((x) => `- ${x}`).join("\n")}\nAnswer with the level name only.`),
+          labels: lv.map((x) => label(style, x)),
+          option: lv.map((_, i) => i),
+        },
+      ],
+    };
+  }
+  const keys = it.options;
+  if (keys.length > 8) return null;
+  const intro = `Question: ${q}\nOptions:\n${keys.map((x) => `- ${x}`).join("\n")}\n\n`;
+  return {
+    prefix: prefixText(style, `${intro}${stateBlock(renderState(it.state))}`),
+    asks: [
+      { v: "before_keys", suffix: closeTurn(style, "Answer with the option key only."), labels: keys.map((x) => label(style, x)), option: keys.map((_, i) => i) },
+      {
+        v: "sandwich_keys",
+        suffix: closeTurn(style, `Question: ${q}\nOptions:\n${keys.map((x) => `- ${x}`).join("\n")}\nAnswer with the option key only.`),
+        labels: keys.map((x) => label(style, x)),
+        option: keys.map((_, i) => i),
+      },
+    ],
+  };
+}
+
+/** Runs `asks` against one prefix, in as many passes as the packed-token limit needs. */
+async function readAsks(lb: LoadedBuild, pool: InferencePool, prefixStr: string, asks: readonly Ask[], maxTokens: number): Promise<{ branches: Branch[]; ms: number; tokens: number }> {
+  const prefix = lb.tokenizer.encode(prefixStr);
+  const encoded: EncodedQuestion[] = asks.map((a) => ({
+    suffix: lb.tokenizer.encode(a.suffix),
+    labels: a.labels.map((l) => labelIds(lb, l)),
+    terminator: lb.terminator,
+  }));
+  const branches: Branch[] = new Array(asks.length);
+  let ms = 0;
+  let tokens = 0;
+  // Planned on padded tokens, as the families do: a pass pads every branch to its longest.
+  for (const pass of planPasses(prefix.length, encoded.map(branchCost), maxTokens)) {
+    const packed = pack(prefix, pass.map((j) => encoded[j]!));
+    const out = await pool.infer(lb.build.onnxPath, packed);
+    ms += out.runMs;
+    tokens += packed.inputIds.length;
+    pass.forEach((j, n) => {
+      const a = asks[j]!;
+      const lps = packed.readout[n]!.map((idx) => idx.map((x) => out.logprobs[x]!));
+      branches[j] = { v: a.v, ...(a.t !== undefined ? { t: a.t } : {}), option: a.option, lps };
+    });
+  }
+  return { branches, ms, tokens };
+}
+
+function goldOf(it: EvalItem): { gold: number; k: number } {
+  if (it.type === "noul") return { gold: it.gold ? 0 : 1, k: 2 };
+  if (it.type === "choice") return { gold: it.options.indexOf(it.gold), k: it.options.length };
+  return { gold: it.gold, k: it.levels.length };
+}
+
+export interface CollectOptions {
+  lb: LoadedBuild;
+  pool: InferencePool;
+  maxTokens: number;
+  /** Also read the question-before-state prefix (one more pass per row). */
+  before: boolean;
+  onRow?: () => void;
+}
+
+/**
+ * Collects a dataset's rows, resuming from `file` (JSONL, one StudyRow a
+ * line) when it holds some already. Content-free reads are cached by suffix:
+ * a dataset whose question is the same on every row pays for them once.
+ */
+export async function collectStudy(ds: Dataset, file: string, opts: CollectOptions): Promise<StudyRow[]> {
+  const { lb, pool, maxTokens } = opts;
+  const rows: StudyRow[] = [];
+  const done = new Set<string>();
+  if (fs.existsSync(file)) {
+    for (const line of fs.readFileSync(file, "utf8").split("\n")) {
+      if (!line.trim()) continue;
+      const r = JSON.parse(line) as StudyRow;
+      rows.push(r);
+      done.add(r.id);
+    }
+  }
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  const cfCache = new Map<string, Branch>();
+  for (const it of ds.items) {
+    if (done.has(it.id)) {
+      opts.onRow?.();
+      continue;
+    }
+    const asks = askAfter(lb.style, it);
+    const main = await readAsks(lb, pool, prefixText(lb.style, stateBlock(renderState(it.state))), asks, maxTokens);
+    const branches = [...main.branches];
+    if (opts.before) {
+      const b = askBefore(lb.style, it);
+      if (b) branches.push(...(await readAsks(lb, pool, b.prefix, b.asks, maxTokens)).branches);
+    }
+    const cf: Record<string, Branch[]> = {};
+    for (const neutral of NEUTRAL_STATES) {
+      const key = (a: Ask) => `${neutral}\u0000${a.suffix}\u0000${a.labels.join("\u0001")}`;
+      const missing = asks.filter((a) => !cfCache.has(key(a)));
+      if (missing.length > 0) {
+        const got = await readAsks(lb, pool, prefixText(lb.style, stateBlock(neutral)), missing, maxTokens);
+        missing.forEach((a, i) => cfCache.set(key(a), got.branches[i]!));
+      }
+      cf[neutral] = asks.map((a) => cfCache.get(key(a))!);
+    }
+    const row: StudyRow = { id: it.id, ...goldOf(it), branches, cf, ms: main.ms, tokens: main.tokens };
+    fs.appendFileSync(file, `${JSON.stringify(row)}\n`);
+    rows.push(row);
+    opts.onRow?.();
+  }
+  return rows;
+}

@@ -1,0 +1,82 @@
+import { pack, readLabels, type EncodedQuestion } from "../inference/pack.js";
+import type { InferencePool } from "../inference/pool.js";
+import { branchCost, planPasses } from "../families/yesno.js";
+import { buildPrefix } from "../prompt/index.js";
+import type { LoadedBuild } from "./build.js";
+
+/**
+ * Content-free priors (contextual calibration, Zhao et al. 2021): the same
+ * question read against a state that says nothing ("N/A") shows what the
+ * model answers from the wording alone — a lean to "yes", to the level named
+ * first, to a short key. Subtracting that reading (in normalised log space,
+ * with a weight fitted per question type, `prior` in the build's calibration
+ * file) leaves what the state itself moved. Measured in bench/RESULTS.md
+ * (issue 18, the readout study).
+ *
+ * A prior depends only on the question's branch (its suffix and labels), not
+ * on the state, so it is cached per build: a caller who asks the same
+ * question of many states (the usual classifier) pays for it once. The cache
+ * is keyed by token ids, holds no state text, and is not charged for: like
+ * the debias presentations, it is the engine's own reading.
+ */
+export const NEUTRAL_STATE = "N/A";
+
+export class PriorCache {
+  private readonly entries = new Map<string, number[]>();
+  hits = 0;
+  misses = 0;
+
+  constructor(private readonly maxEntries = 50_000) {}
+
+  private key(build: string, q: EncodedQuestion): string {
+    return `${build}|${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
+  }
+
+  /**
+   * Label log-probabilities of each branch read against the neutral state.
+   * Missing branches run in as few passes as `maxTokens` allows.
+   */
+  async read(lb: LoadedBuild, pool: InferencePool, branches: readonly EncodedQuestion[], maxTokens: number, signal?: AbortSignal): Promise<number[][]> {
+    const build = lb.build.manifest.build_hash;
+    const out: (number[] | undefined)[] = branches.map((b) => {
+      const k = this.key(build, b);
+      const hit = this.entries.get(k);
+      if (hit) {
+        // Refresh: Map order is the LRU order.
+        this.entries.delete(k);
+        this.entries.set(k, hit);
+      }
+      return hit;
+    });
+    const missing = out.flatMap((v, i) => (v === undefined ? [i] : []));
+    this.hits += branches.length - missing.length;
+    this.misses += missing.length;
+    if (missing.length > 0) {
+      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, NEUTRAL_STATE));
+      for (const pass of planPasses(prefix.length, missing.map((i) => branchCost(branches[i]!)), maxTokens)) {
+        const idx = pass.map((j) => missing[j]!);
+        const packed = pack(prefix, idx.map((i) => branches[i]!));
+        const res = await pool.infer(lb.build.onnxPath, packed, signal);
+        const lps = readLabels(packed, res.logprobs);
+        idx.forEach((i, n) => {
+          out[i] = lps[n]!;
+          this.entries.set(this.key(build, branches[i]!), lps[n]!);
+        });
+      }
+      while (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+    }
+    return out as number[][];
+  }
+}
+
+/** `reading − w · prior`, both normalised over the options first. */
+export function subtractPrior(reading: readonly number[], prior: readonly number[], w: number): number[] {
+  const norm = (xs: readonly number[]) => {
+    const m = Math.max(...xs);
+    const z = m + Math.log(xs.reduce((s, x) => s + Math.exp(x - m), 0));
+    return xs.map((x) => x - z);
+  };
+  const r = norm(reading);
+  const p = norm(prior);
+  return r.map((x, i) => x - w * p[i]!);
+}
