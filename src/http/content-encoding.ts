@@ -98,24 +98,38 @@ function zlibDecode(decode: Decode, coding: Coding, input: Buffer, limit: number
  */
 export const FZSTD_MAX_BLOCKS = 1024;
 
-/** fzstd's streaming decoder, stopped from its block callback once the output passes the limit. */
-function fzstdDecode(input: Buffer, limit: number): Buffer {
+/** fzstd's streaming decoder over the frames, stopped from its block callback once the output passes the limit. */
+function fzstdDecode(frames: Buffer[], limit: number): Buffer {
   const parts: Uint8Array[] = [];
   let total = 0;
   let blocks = 0;
   const stop = { tooLarge: new Error("over the limit"), tooManyBlocks: new Error("too many blocks") };
-  const decoder = new FzstdDecompress((chunk) => {
+  const onBlock = (chunk: Uint8Array) => {
     total += chunk.length;
     if (total > limit) throw stop.tooLarge;
     if (++blocks > FZSTD_MAX_BLOCKS) throw stop.tooManyBlocks;
     parts.push(chunk);
-  });
+  };
   try {
-    decoder.push(input, true);
+    for (const frame of frames) new FzstdDecompress(onBlock).push(frame, true);
   } catch (e) {
     if (e === stop.tooLarge) throw tooLarge("zstd", limit);
     if (e === stop.tooManyBlocks) throw invalid(`${corruptPrefix("zstd")}: more than ${FZSTD_MAX_BLOCKS} zstd blocks; compress the body in one pass`);
     throw invalid(`${corruptPrefix("zstd")}: ${(e instanceof Error ? e.message : String(e)).slice(0, 200)}`);
+  }
+  return Buffer.concat(parts, total);
+}
+
+/** node:zlib's zstd, one frame at a time (it stops after the first), each held to what is left of the limit. */
+async function nativeZstdDecode(decode: Decode, frames: Buffer[], limit: number): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  let total = 0;
+  for (const frame of frames) {
+    // At least 1: maxOutputLength 0 is out of range; a byte past the limit is caught below.
+    const part = await zlibDecode(decode, "zstd", frame, Math.max(1, limit - total));
+    total += part.length;
+    if (total > limit) throw tooLarge("zstd", limit);
+    parts.push(part);
   }
   return Buffer.concat(parts, total);
 }
@@ -134,11 +148,11 @@ async function decodeOne(coding: Coding, input: Buffer, limit: number): Promise<
     case "br":
       return zlibDecode(zlib.brotliDecompress as Decode, coding, input, limit);
     case "zstd": {
-      const checked = checkZstdFrames(input, limit, {
+      const frames = checkZstdFrames(input, limit, {
         tooLarge: tooLarge("zstd", limit).message,
         corrupt: corruptPrefix("zstd"),
       });
-      return nativeZstd ? zlibDecode(nativeZstd, coding, checked, limit) : fzstdDecode(checked, limit);
+      return nativeZstd ? nativeZstdDecode(nativeZstd, frames, limit) : fzstdDecode(frames, limit);
     }
   }
 }

@@ -24,6 +24,11 @@
  * default limit, fzstd (Node 20) anything below 2 GiB, once per frame, and
  * fzstd then moves its whole window once per block (content-encoding.ts
  * caps its blocks).
+ *
+ * It returns the data frames one by one (skippable frames dropped): Node's
+ * own zstd decoder stops at the end of the first frame and silently drops
+ * the rest (Node 24.21: a skippable frame first decodes to nothing), so each
+ * frame is decoded on its own and the outputs are joined, as RFC 8878 says.
  */
 import { AssayError, invalid } from "../errors/catalogue.js";
 
@@ -45,14 +50,16 @@ export interface ZstdCheckMessages {
 }
 
 /**
- * Checks the frame structure of `input` and returns the bytes to decode:
- * `input` itself, or a copy whose window descriptors were lowered.
+ * Checks the frame structure of `input` and returns its data frames, to be
+ * decoded one by one: views of `input`, or of a copy whose window
+ * descriptors were lowered.
  */
-export function checkZstdFrames(input: Buffer, limit: number, messages: ZstdCheckMessages): Buffer {
+export function checkZstdFrames(input: Buffer, limit: number, messages: ZstdCheckMessages): Buffer[] {
   const n = input.length;
   const bad = (why: string) => invalid(`${messages.corrupt}: ${why}`);
   const truncated = () => bad("the data ends inside a frame (truncated)");
   let out = input;
+  const ranges: [number, number][] = [];
   let pos = 0;
   let frames = 0;
   /** Bytes the frames declare (content sizes), and bytes the raw and RLE blocks certainly produce. */
@@ -74,6 +81,7 @@ export function checkZstdFrames(input: Buffer, limit: number, messages: ZstdChec
       continue;
     }
     if (magic !== FRAME_MAGIC) throw bad(pos === 0 ? "not zstd data (no zstd frame magic number)" : `unexpected bytes after a zstd frame at byte ${pos}`);
+    const start = pos;
     pos += 4;
     if (pos >= n) throw truncated();
     const fhd = input[pos]!;
@@ -126,6 +134,7 @@ export function checkZstdFrames(input: Buffer, limit: number, messages: ZstdChec
       pos += 4;
       if (pos > n) throw truncated();
     }
+    ranges.push([start, pos]);
   }
-  return out;
+  return ranges.map(([start, end]) => out.subarray(start, end));
 }

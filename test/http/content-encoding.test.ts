@@ -161,6 +161,11 @@ describe("decompression bombs: 413 after at most 1 MiB of output, not charged", 
     expect(expectSpecError(await notCharged(() => send(TEXT_BOMB_ZSTD, "zstd")), 413)).toMatch(/once decoded \(Content-Encoding zstd\)/);
   });
 
+  it("the limit holds over frames: 600 KiB in a first frame, then a bomb in a second", async () => {
+    const first = zstdRaw(Buffer.alloc(600 * 1024, 0x20), { windowLog: 20 });
+    expect(expectSpecError(await notCharged(() => send(Buffer.concat([first, TEXT_BOMB_ZSTD]), "zstd")), 413)).toMatch(/once decoded/);
+  });
+
   it.runIf(nativeZstdCompress)("50 MiB of zeros through node:zlib's zstd compressor", async () => {
     const bomb = nativeZstdCompress!(zeros);
     expect(expectSpecError(await notCharged(() => send(bomb, "zstd")), 413)).toMatch(/once decoded/);
