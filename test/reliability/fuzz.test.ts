@@ -6,15 +6,24 @@
  * error body (`detail` + `request_id`), never 5xx, never a crash, and nothing
  * may be charged. CI form: a few hundred cases; full form: 10,000.
  *
+ * Compressed bodies (Content-Encoding zstd, gzip, deflate, br) are fuzzed the
+ * same way: random bytes under each coding (bare, or behind the coding's magic
+ * bytes), valid compression of a bad request, valid compression cut short,
+ * a body compressed one way and labelled another, stacked and unknown codings,
+ * and decompression bombs (64 MiB of zeros or text in a few KB) — all 4xx,
+ * bombs 413, never charged.
+ *
  * Then, over a real socket against a server process: bodies over 1 MiB are
  * refused (413) without being read whole — a chunked upload of 64 MiB (256 MiB
  * in the full form) is cut off early and the server's peak memory does not
- * grow by anything like the body's size.
+ * grow by anything like the body's size; nor does it for a bomb of that size
+ * sent compressed.
  */
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import zlib from "node:zlib";
 import fc from "fast-check";
 import type { FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -23,6 +32,7 @@ import { buildApp } from "../../src/app.js";
 import { loadConfig } from "../../src/config/index.js";
 import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
+import { TEXT_BOMB_ZSTD, compress, zstdZeros } from "../http/compressed.js";
 import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, until } from "./harness.js";
 
 let dir: string;
@@ -202,6 +212,68 @@ interface Case {
   body: string | Buffer | undefined;
 }
 
+// --------------------------------------------------------- compressed bodies
+
+const CODINGS = ["zstd", "gzip", "deflate", "deflate-raw", "br"] as const;
+type FuzzCoding = (typeof CODINGS)[number];
+const headerOf = (c: FuzzCoding) => (c === "deflate-raw" ? "deflate" : c);
+/** What each coding's data starts with: random bytes behind it get past the first check of the decoder. */
+const MAGIC: Record<FuzzCoding, Buffer> = {
+  zstd: Buffer.from([0x28, 0xb5, 0x2f, 0xfd]),
+  gzip: Buffer.from([0x1f, 0x8b, 0x08, 0x00]),
+  deflate: Buffer.from([0x78, 0x9c]),
+  "deflate-raw": Buffer.alloc(0),
+  br: Buffer.alloc(0),
+};
+/**
+ * Decompression bombs, made once: FIGURES.oversizedBytes (64 MiB; 256 MiB in the full
+ * form) of zeros under each zlib coding, the same as zstd RLE blocks, and 8 frames of
+ * 8 MiB of text (zstd, compressed blocks, sizes not declared: only the decoder can tell).
+ */
+const BOMB_BYTES = FIGURES.oversizedBytes;
+const BOMBS: { coding: string; body: Buffer }[] = (() => {
+  const zeros = Buffer.alloc(BOMB_BYTES);
+  return [
+    { coding: "gzip", body: zlib.gzipSync(zeros, { level: 1 }) },
+    { coding: "deflate", body: zlib.deflateSync(zeros, { level: 1 }) },
+    { coding: "br", body: zlib.brotliCompressSync(zeros, { params: { [zlib.constants.BROTLI_PARAM_QUALITY]: 1 } }) },
+    { coding: "zstd", body: zstdZeros(BOMB_BYTES) },
+    { coding: "zstd", body: Buffer.concat(Array.from({ length: 8 }, () => TEXT_BOMB_ZSTD)) },
+  ];
+})();
+
+const coding = fc.constantFrom(...CODINGS);
+const compressedBad: fc.Arbitrary<{ what: string; encoding: string; body: Buffer }> = fc.oneof(
+  // Random bytes under a coding, bare or behind its magic bytes.
+  fc.record({ c: coding, bytes: fc.uint8Array({ maxLength: 400 }), magic: fc.boolean() }).map(({ c, bytes, magic }) => ({
+    what: "random-bytes",
+    encoding: headerOf(c),
+    body: Buffer.concat([magic ? MAGIC[c] : Buffer.alloc(0), Buffer.from(bytes)]),
+  })),
+  // A bad request, validly compressed: the JSON / envelope 422s behind the decoder.
+  { weight: 2, arbitrary: fc.record({ c: coding, b: badBody }).map(({ c, b }) => ({ what: "compressed-bad-body", encoding: headerOf(c), body: compress(c, Buffer.from(b.body)) })) },
+  // A valid request, validly compressed, cut short (at least one byte gone).
+  fc.record({ c: coding, cut: fc.double({ min: 0, max: 1, noNaN: true, maxExcluded: true }) }).map(({ c, cut }) => {
+    const full = compress(c, Buffer.from(validText()));
+    return { what: "truncated", encoding: headerOf(c), body: full.subarray(0, Math.floor(cut * full.length)) };
+  }),
+  // A valid request compressed one way and labelled another (or identity).
+  fc
+    .tuple(coding, fc.constantFrom("zstd", "gzip", "deflate", "br", "identity"))
+    .filter(([a, b]) => headerOf(a) !== b)
+    .map(([a, b]) => ({ what: "mismatched", encoding: b, body: compress(a, Buffer.from(validText())) })),
+  // Bombs.
+  fc.constantFrom(...BOMBS).map((b) => ({ what: "bomb", encoding: b.coding, body: b.body })),
+  // Stacked codings (the valid request under two, undone in the wrong order, or three) and unknown ones.
+  fc.constantFrom(
+    { encoding: "br, gzip", body: zlib.brotliCompressSync(zlib.gzipSync(validText())) },
+    { encoding: "gzip, gzip, gzip", body: zlib.gzipSync(zlib.gzipSync(zlib.gzipSync(validText()))) },
+    { encoding: "compress", body: Buffer.from(validText()) },
+    { encoding: "zstd;q=1", body: compress("zstd", Buffer.from(validText())) },
+    { encoding: "lz4", body: Buffer.from(validText()) },
+  ).map((c) => ({ what: "stacked-or-unknown", ...c })),
+);
+
 const URLS = ["/v1/systemone", "/v1/judge/systemone", "/v1/nimble/systemone"];
 const url = fc.constantFrom(...URLS);
 const auth = () => ({ authorization: `Bearer ${key}` });
@@ -211,7 +283,8 @@ const badRequest: fc.Arbitrary<Case> = fc.oneof(
   { weight: 6, arbitrary: fc.record({ url, ct: goodContentType, b: badBody, x: extraHeaders }).map(({ url, ct, b, x }) => ({ what: `body:${b.what}`, method: "POST" as const, url, headers: { ...x, ...auth(), "content-type": ct }, body: b.body })) },
   { weight: 2, arbitrary: fc.record({ url, ct: badContentType, x: extraHeaders, valid: fc.boolean() }).map(({ url, ct, x, valid }) => ({ what: "content-type", method: "POST" as const, url, headers: { ...x, ...auth(), "content-type": ct }, body: valid ? validText() : "{}" })) },
   { weight: 1, arbitrary: fc.record({ url, x: extraHeaders }).map(({ url, x }) => ({ what: "no-content-type", method: "POST" as const, url, headers: { ...x, ...auth() }, body: undefined })) },
-  { weight: 1, arbitrary: fc.record({ url, enc: fc.constantFrom("gzip", "br", "deflate", "compress", "x-gzip", "gzip, identity") }).map(({ url, enc }) => ({ what: "content-encoding", method: "POST" as const, url, headers: { ...auth(), "content-type": "application/json", "content-encoding": enc }, body: validText() })) },
+  { weight: 1, arbitrary: fc.record({ url, enc: fc.constantFrom("gzip", "br", "deflate", "zstd", "compress", "x-gzip", "gzip, identity") }).map(({ url, enc }) => ({ what: "content-encoding", method: "POST" as const, url, headers: { ...auth(), "content-type": "application/json", "content-encoding": enc }, body: validText() })) },
+  { weight: 4, arbitrary: fc.record({ url, c: compressedBad, x: extraHeaders }).map(({ url, c, x }) => ({ what: `encoding:${c.what}`, method: "POST" as const, url, headers: { ...x, ...auth(), "content-type": "application/json", "content-encoding": c.encoding }, body: c.body })) },
   { weight: 2, arbitrary: fc.record({ url, a: badAuth, x: extraHeaders }).map(({ url, a, x }) => ({ what: "auth", method: "POST" as const, url, headers: { ...x, "content-type": "application/json", ...(a === undefined ? {} : { authorization: a }) }, body: validText() })) },
   { weight: 1, arbitrary: fc.record({ url, m: fc.constantFrom("GET" as const, "PUT" as const) }).map(({ url, m }) => ({ what: "method", method: m, url, headers: { ...auth(), "content-type": "application/json" }, body: m === "PUT" ? validText() : undefined })) },
   { weight: 1, arbitrary: fc.stringMatching(/^\/[a-zA-Z0-9/_.%-]{0,40}$/).filter((p) => !URLS.includes(p) && !p.startsWith("/docs") && !p.startsWith("/__")).map((p) => ({ what: "path", method: "POST" as const, url: p, headers: { ...auth(), "content-type": "application/json" }, body: validText() })) },
@@ -266,6 +339,26 @@ describe(`fuzzing bodies, headers and content types (${FORM} form: ${FIGURES.fuz
       keysSearchedInLog: sentKeys.size,
     });
   }, 1_800_000);
+
+  it("every bomb is 413 and every coding's random bytes 422, by name; nothing charged", async () => {
+    const settled = () => accounts.ledger(orgId).filter((e) => e.kind === "settle").length;
+    const [settledBefore, creditBefore] = [settled(), accounts.balance(orgId, Date.now()).creditMicro];
+    const post = (encoding: string, body: Buffer) =>
+      app.inject({ method: "POST", url: "/v1/systemone", headers: { ...auth(), "content-type": "application/json", "content-encoding": encoding }, payload: body });
+    for (const bomb of BOMBS) {
+      const res = await post(bomb.coding, bomb.body);
+      expect(res.statusCode, `${bomb.coding} bomb of ${bomb.body.length} bytes: ${res.body}`).toBe(413);
+      expect(JSON.parse(res.body).detail).toMatch(new RegExp(`once decoded \\(Content-Encoding ${bomb.coding}\\)`));
+    }
+    const noise = Buffer.from(Array.from({ length: 300 }, (_, i) => (i * 131 + 17) & 0xff));
+    for (const c of CODINGS) {
+      const res = await post(headerOf(c), Buffer.concat([MAGIC[c], noise]));
+      expect(res.statusCode, `${c}: ${res.body}`).toBe(422);
+      expect(JSON.parse(res.body).detail).toMatch(new RegExp(`could not be decoded as ${headerOf(c)}`));
+    }
+    expect(settled()).toBe(settledBefore);
+    expect(accounts.balance(orgId, Date.now())).toMatchObject({ creditMicro: creditBefore, heldMicro: 0 });
+  });
 
   // Found by this suite: a state nested ~10,000 deep (40 KB) made JSON.stringify overflow the stack → 500.
   it("a deeply nested JSON state, otherwise valid, is refused with 422 (not a 500) past 512 levels; 512 levels are answered", async () => {
@@ -392,5 +485,30 @@ describe("a body over 1 MiB, over a real socket", () => {
     });
     expect(ok.status).toBe(200);
     recordFigures("oversized-body", { streamedMiB: total / 2 ** 20, status: r.status, writtenKiB: Math.round(r.written / 1024), rssGrowthMiB: Math.round((grew / 2 ** 20) * 10) / 10 });
+  }, 300_000);
+
+  it("a decompression bomb of the same size, sent compressed under each coding, is 413 and the server's memory does not grow by its size", async () => {
+    const s = server!;
+    const before = s.rssBytes();
+    let highest = before;
+    const sampler = setInterval(() => (highest = Math.max(highest, s.rssBytes())), 5);
+    const statuses: Record<string, number> = {};
+    for (const bomb of BOMBS) {
+      const res = await fetch(`${s.url}/v1/systemone`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${serverKey}`, "content-type": "application/json", "content-encoding": bomb.coding },
+        body: new Uint8Array(bomb.body),
+      });
+      const body = (await res.json()) as { detail: string };
+      expect(res.status, `${bomb.coding}: ${body.detail}`).toBe(413);
+      expect(body.detail).toMatch(/once decoded/);
+      statuses[`${bomb.coding}:${bomb.body.length}B`] = res.status;
+    }
+    clearInterval(sampler);
+    highest = Math.max(highest, s.rssBytes());
+    const grew = highest - before;
+    expect(s.alive).toBe(true);
+    expect(grew).toBeLessThan(BOMB_BYTES / 4);
+    recordFigures("compressed-bombs", { decodedMiB: BOMB_BYTES / 2 ** 20, statuses, rssGrowthMiB: Math.round((grew / 2 ** 20) * 10) / 10 });
   }, 300_000);
 });
