@@ -154,7 +154,7 @@ export interface Reply {
 export async function call(
   base: string,
   route: string,
-  init: { method?: string; headers?: Record<string, string>; body?: string; signal?: AbortSignal } = {},
+  init: { method?: string; headers?: Record<string, string>; body?: string | Uint8Array<ArrayBuffer>; signal?: AbortSignal } = {},
 ): Promise<Reply> {
   const t0 = performance.now();
   const res = await fetch(base + route, {

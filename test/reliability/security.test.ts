@@ -10,13 +10,15 @@
  *   - a revoked key fails at once (the next request, no cache);
  *   - the server's whole stdout/stderr (LOG_LEVEL=debug) never contains a key
  *     or an authorization header, whatever path the request took (200, 401,
- *     402, 404, 405, 413, 415, 422, 429, a malformed HTTP request, shutdown).
+ *     402, 404, 405, 413, 415, 422, 429, a malformed HTTP request, compressed
+ *     bodies decoded, too large once decoded and corrupt, shutdown).
  */
 import crypto from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import zlib from "node:zlib";
 import Database from "better-sqlite3";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
@@ -258,10 +260,14 @@ describe("logs never contain a key or the authorization header", () => {
       ["/v1/systemone", { method: "GET", headers: { authorization: `Bearer ${K.alpha.key}` } }], // 405
       ["/v1/nope", { headers: { authorization: `Bearer ${K.alpha.key}` }, body: "{}" }], // 404
       ["/v1/systemone", { headers: { ...json, authorization: `Bearer ${K.poor.key}` }, body: JSON.stringify(smallBody(0)) }], // 402
+      // Compressed: decoded (debug log line), too large once decoded, corrupt; keys in the body and the headers.
+      ["/v1/systemone", { headers: { ...json, authorization: `Bearer ${K.beta.key}`, "content-encoding": "gzip" }, body: new Uint8Array(zlib.gzipSync(JSON.stringify({ ...smallBody(1), state: `key ${K.alpha.key}` }))) }], // 200
+      ["/v1/systemone", { headers: { ...json, authorization: `Bearer ${K.beta.key}`, "content-encoding": "gzip" }, body: new Uint8Array(zlib.gzipSync(Buffer.alloc(4 * 2 ** 20, K.alpha.key))) }], // 413
+      ["/v1/systemone", { headers: { ...json, authorization: `Bearer ${K.beta.key}`, "content-encoding": "br" }, body: `${K.alpha.key} is not brotli` }], // 422
     ];
     const statuses: number[] = [];
     for (const [route, init] of tries) statuses.push((await call(u, route, init)).status);
-    expect(statuses).toEqual([401, 401, 401, 200, 422, 415, 413, 200, 200, 200, 200, 405, 404, 402]);
+    expect(statuses).toEqual([401, 401, 401, 200, 422, 415, 413, 200, 200, 200, 200, 405, 404, 402, 200, 413, 422]);
 
     // A request the HTTP parser refuses outright (bad Content-Length), with a key in it.
     const raw = await new Promise<string>((resolve) => {
