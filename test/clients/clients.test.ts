@@ -5,11 +5,17 @@
  * POST /v1/nimble/systemone) and bespokelabs-nimble (`Nimble.system_one`,
  * `models`, `limits`, `health`). They are installed from PyPI at pinned
  * versions into a private venv, `.cache/clients-venv` (git-ignored), and
- * driven by run_clients.py, which prints one JSON report.
+ * driven by run_clients.py, which prints one JSON report. They are called as
+ * users call them: no `model` argument (each sends its own default name,
+ * `jev-latest` or `nimble-latest`, which models/models.json aliases to
+ * judge-latest) and typesafe-sdk with its `zstd` extra, so it compresses
+ * every body of 1 KiB or more.
  *
- * Asserted for each: the three question types, a 422 (unknown model) with the
- * spec's detail surfaced by the client, and request-id handling (a caller's
- * `x-request-id` echoed; the server's own id where the client reads one).
+ * Asserted for each: the three question types under the client's default
+ * name, a 422 (unknown model) with the spec's detail surfaced by the client,
+ * and request-id handling (a caller's `x-request-id` echoed; the server's own
+ * id where the client reads one). For typesafe-sdk also a large state, which
+ * the server's own log shows arrived zstd-compressed and was decoded.
  */
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
@@ -21,9 +27,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { buildApp } from "../../src/app.js";
 import { ROOT, loadConfig } from "../../src/config/index.js";
+import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 
-const PACKAGES = ["typesafe-sdk==0.7.5", "bespokelabs==0.4.0", "bespokelabs-nimble==0.1.0"];
+const PACKAGES = ["typesafe-sdk[zstd]==0.7.5", "bespokelabs==0.4.0", "bespokelabs-nimble==0.1.0"];
 const VENV = path.join(ROOT, ".cache", "clients-venv");
 const PY = path.join(VENV, "bin", "python");
 
@@ -55,15 +62,24 @@ let app: FastifyInstance;
 let accounts: SqliteAccountsStore;
 let dir: string;
 let report: Record<string, ClientReport>;
+/** The server's structured log (debug and up), one JSON object per line. */
+let logs = "";
+const logLines = () =>
+  logs
+    .split("\n")
+    .filter((l) => l.trim() !== "")
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
 
 beforeAll(async () => {
   ensureVenv();
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-clients-"));
-  const config = loadConfig({ ...process.env, ASSAY_DATA_DIR: dir, LOG_LEVEL: "silent" });
+  // The general model only: the clients never name a code search or fact check model.
+  const config = loadConfig({ ...process.env, ASSAY_DATA_DIR: dir, LOG_LEVEL: "silent", ASSAY_MODEL_SCHEDULE: "never" });
   engine = await EnginePipeline.create(config);
   accounts = new SqliteAccountsStore(dir, { startingGrantMicro: config.startingGrantMicro });
   const { key } = accounts.createKey("acme");
-  app = buildApp({ config, pipeline: engine, accounts });
+  const logger = createLogger("debug", { write: (line: string) => void (logs += line) });
+  app = buildApp({ config, pipeline: engine, accounts, logger });
   await app.listen({ port: 0, host: "127.0.0.1" });
   const { port } = app.server.address() as AddressInfo;
   // Python runs while the server answers in this process: spawn it asynchronously.
@@ -87,9 +103,10 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-function expectThreeTypes(r: ClientReport) {
+function expectThreeTypes(r: ClientReport, model: string) {
   expect(r.crashed, r.trace).toBeUndefined();
-  expect(r.model).toBe("judge-latest");
+  // The client's default name, echoed as sent.
+  expect(r.model).toBe(model);
   expect(r.usage!.input_tokens).toBeGreaterThan(20);
   expect(r.usage!.output_tokens).toBe(0);
   const a = r.answers!;
@@ -114,9 +131,9 @@ function expect422(r: ClientReport, id: string | null) {
   if (id !== null) expect(e.request_id).toBe(id);
 }
 
-describe("typesafe-sdk 0.7.5", () => {
-  it("answers noul, choice and score through TypeSafeClient.system_one", () => {
-    expectThreeTypes(report["typesafe-sdk"]!);
+describe("typesafe-sdk[zstd] 0.7.5", () => {
+  it("answers noul, choice and score through TypeSafeClient.system_one under its default name jev-latest", () => {
+    expectThreeTypes(report["typesafe-sdk"]!, "jev-latest");
     const r = report["typesafe-sdk"]!;
     expect(r.nouls).toEqual(["refund"]);
     expect(r.choices).toEqual(["topic"]);
@@ -130,21 +147,46 @@ describe("typesafe-sdk 0.7.5", () => {
     expect(r.generated_request_id).toBe(r.generated_header);
   });
 
-  it("a 422 is TypeSafeUnprocessableEntityError with the spec's detail and request id", () => {
+  it("a large state goes over the wire zstd-compressed, is decoded by the server and answered", () => {
+    const large = report["typesafe-sdk"]!.large as ClientReport & { request_id: string; body_bytes: number };
+    expect(large.model).toBe("jev-latest");
+    expect(large.request_id).toBe("typesafe-large-1");
+    expect(large.usage!.input_tokens).toBeGreaterThan(1000);
+    expect(large.answers!.late!.type).toBe("noul");
+    expect(large.answers!.late!.noul).toBeGreaterThan(0.5);
+    expect(large.answers!.topic!.choice).toBe("delivery");
+    // The server's log for that request id: what arrived and what it decoded to.
+    const decoded = logLines().find((l) => l.reqId === "typesafe-large-1" && l.msg === "request body decoded");
+    expect(decoded, "no 'request body decoded' line for typesafe-large-1").toBeDefined();
+    expect(decoded!.contentEncoding).toBe("zstd");
+    expect(decoded!.bodyBytes).toBeGreaterThan(large.body_bytes);
+    expect(decoded!.wireBytes as number).toBeLessThan((decoded!.bodyBytes as number) / 3);
+    const done = logLines().find((l) => l.reqId === "typesafe-large-1" && l.msg === "request completed");
+    expect(done).toMatchObject({ status: 200, model: "jev-latest" });
+  });
+
+  it("small bodies (under 1 KiB) are sent as they are", () => {
+    const small = logLines().filter((l) => l.reqId === "typesafe-req-1");
+    expect(small.map((l) => l.msg)).not.toContain("request body decoded");
+    expect(small.find((l) => l.msg === "request completed")).toMatchObject({ status: 200 });
+  });
+
+  it("a 422 (on a compressed body) is TypeSafeUnprocessableEntityError with the spec's detail and request id", () => {
     const r = report["typesafe-sdk"]!;
     expect422(r, "typesafe-422");
     expect((r.error as { class: string }).class).toBe("TypeSafeUnprocessableEntityError");
     expect((r.error as { message: string }).message).toContain('unknown model "no-such-model"');
+    expect(logLines().find((l) => l.reqId === "typesafe-422" && l.msg === "request body decoded")).toMatchObject({ contentEncoding: "zstd" });
   });
 
-  it("client.models.list() reads the model names", () => {
-    expect(report["typesafe-sdk"]!.models).toEqual(expect.arrayContaining(["judge-latest", "judge-v4-max"]));
+  it("client.models.list() reads the model names, the clients' default names among them", () => {
+    expect(report["typesafe-sdk"]!.models).toEqual(expect.arrayContaining(["judge-latest", "judge-v4-max", "jev-latest", "nimble-latest"]));
   });
 });
 
 describe("bespokelabs 0.4.0", () => {
-  it("answers noul, choice and score through client.nimble.system_one (api_key header, /v1/nimble/systemone)", () => {
-    expectThreeTypes(report["bespokelabs"]!);
+  it("answers noul, choice and score through client.nimble.system_one (api_key header, /v1/nimble/systemone) under its default name nimble-latest", () => {
+    expectThreeTypes(report["bespokelabs"]!, "nimble-latest");
     expect(report["bespokelabs"]!.nouls).toEqual(["refund"]);
   });
 
@@ -152,7 +194,7 @@ describe("bespokelabs 0.4.0", () => {
     const r = report["bespokelabs"]!;
     expect(r.raw_request_id).toBe("bespoke-req-1");
     expect(r.raw_sdk_request_id).toBe("bespoke-req-1");
-    expect(r.raw_parsed_model).toBe("judge-latest");
+    expect(r.raw_parsed_model).toBe("nimble-latest");
   });
 
   it("a 422 is UnprocessableEntityError with the spec's body", () => {
@@ -163,8 +205,8 @@ describe("bespokelabs 0.4.0", () => {
 });
 
 describe("bespokelabs-nimble 0.1.0", () => {
-  it("answers noul, choice and score through Nimble.system_one (its own answer checks pass)", () => {
-    expectThreeTypes(report["bespokelabs-nimble"]!);
+  it("answers noul, choice and score through Nimble.system_one under its default name nimble-latest (its own answer checks pass)", () => {
+    expectThreeTypes(report["bespokelabs-nimble"]!, "nimble-latest");
   });
 
   it("takes the request id from x-request-id", () => {
@@ -179,7 +221,7 @@ describe("bespokelabs-nimble 0.1.0", () => {
 
   it("models(), limits() and health() parse", () => {
     const r = report["bespokelabs-nimble"]!;
-    expect(r.models).toEqual(expect.arrayContaining(["judge-latest"]));
+    expect(r.models).toEqual(expect.arrayContaining(["judge-latest", "nimble-latest"]));
     expect(r.limits).toMatchObject({ max_questions: 64, max_answers_per_question: 255, max_body_bytes: 1024 * 1024, max_concurrent_requests: 4 });
     expect(r.health).toMatchObject({ status: "ok" });
   });

@@ -3,7 +3,13 @@
 Usage: ASSAY_URL=http://127.0.0.1:PORT ASSAY_KEY=sk-assay-... python run_clients.py
 Prints one JSON report on stdout; test/clients/clients.test.ts asserts on it.
 Each client is called exactly as its own docs and source say: base URL, API
-key, its method names; retries are off so every status is the server's.
+key, its method names, and nothing else that changes a request: no `model`
+(typesafe-sdk sends its default `jev-latest`, both Bespoke clients
+`nimble-latest`) and typesafe-sdk's default compression (zstd for bodies of
+1 KiB or more: the venv has the `typesafe-sdk[zstd]` extra). Only transport
+settings differ from the defaults: retries are off, so every status is the
+server's first answer, and timeouts are long enough for CPU inference on
+busy cores.
 """
 
 import json
@@ -13,6 +19,14 @@ import traceback
 URL = os.environ["ASSAY_URL"]
 KEY = os.environ["ASSAY_KEY"]
 STATE = "Order #1182 arrived two weeks late and the box was crushed. I want my money back."
+# A support thread of about 6 KB: typesafe-sdk compresses it (zstd) on the wire.
+LARGE_STATE = "\n\n".join(
+    f"Message {i + 1} from the customer: order #{1182 + i} was promised for Monday and arrived on "
+    f"{['Thursday', 'Friday', 'Saturday'][i % 3]}; the box was crushed and {['a mug', 'two plates', 'the lid'][i % 3]} "
+    "broke. Support said a refund would follow within five working days, and nothing has happened since. "
+    "I have been a customer for six years and this is the third late delivery this quarter."
+    for i in range(16)
+)
 MOOD = ["very unhappy", "unhappy", "neutral", "happy", "very happy"]
 report = {}
 
@@ -45,7 +59,7 @@ def typesafe():
     from typesafe_sdk import Choice, Noul, RetryPolicy, Score, TypeSafeClient, TypeSafeUnprocessableEntityError
 
     out = {}
-    with TypeSafeClient(api_key=KEY, base_url=URL, model="judge-latest", retry=RetryPolicy(max_retries=0), timeout=120) as client:
+    with TypeSafeClient(api_key=KEY, base_url=URL, retry=RetryPolicy(max_retries=0), timeout=120) as client:
         r = client.system_one(
             state=STATE,
             questions={
@@ -66,8 +80,25 @@ def typesafe():
         r2 = client.system_one(state={"text": STATE}, questions={"q": {"type": "noul", "instructions": "Is it about a delivery?"}})
         out["generated_request_id"] = r2.request_id
         out["generated_header"] = r2.raw_http_response.headers.get("x-request-id")
+        # A large state: the SDK compresses the body (the server's log says what arrived).
+        r3 = client.system_one(
+            state=LARGE_STATE,
+            questions={
+                "late": Noul(instructions="The customer says a delivery was late."),
+                "topic": Choice(instructions="What is the thread about?", criteria={"delivery": "late or damaged deliveries", "billing": None}),
+            },
+            extra_headers={"x-request-id": "typesafe-large-1"},
+        )
+        out["large"] = {
+            "model": r3.model,
+            "answers": answers_summary(r3.answers),
+            "usage": r3.usage.model_dump(),
+            "request_id": r3.request_id,
+            "body_bytes": len(LARGE_STATE.encode()),
+        }
         try:
-            client.system_one(state=STATE, questions={"q": Noul(instructions="x")}, model="no-such-model", extra_headers={"x-request-id": "typesafe-422"})
+            # The 422 on a compressed body too.
+            client.system_one(state=LARGE_STATE, questions={"q": Noul(instructions="x")}, model="no-such-model", extra_headers={"x-request-id": "typesafe-422"})
             out["error"] = "no exception"
         except TypeSafeUnprocessableEntityError as e:
             out["error"] = {"class": type(e).__name__, "status": e.status, "request_id": e.request_id, "message": str(e), "body": e.body}
@@ -88,12 +119,12 @@ def bespoke():
         "topic": {"type": "choice", "instructions": "What is the message about?", "criteria": {"delivery": "shipping and delivery", "billing": None}},
         "mood": {"type": "score", "instructions": "How satisfied is the customer?", "criteria": MOOD},
     }
-    r = client.nimble.system_one(state=STATE, questions=questions, model="judge-latest")
+    r = client.nimble.system_one(state=STATE, questions=questions)
     out["model"] = r.model
     out["usage"] = r.usage.model_dump()
     out["answers"] = answers_summary(r.answers)
     out["nouls"] = sorted(r.nouls)
-    raw = client.nimble.with_raw_response.system_one(state=STATE, questions={"q": questions["refund"]}, model="judge-latest", extra_headers={"x-request-id": "bespoke-req-1"})
+    raw = client.nimble.with_raw_response.system_one(state=STATE, questions={"q": questions["refund"]}, extra_headers={"x-request-id": "bespoke-req-1"})
     out["raw_request_id"] = raw.headers.get("x-request-id")
     out["raw_sdk_request_id"] = raw.headers.get("x-sdk-request-id")
     out["raw_parsed_model"] = raw.parse().model
@@ -110,7 +141,7 @@ def nimble():
     from bespokelabs.nimble import APIStatusError, Choice, Nimble, Noul, Score
 
     out = {}
-    with Nimble(base_url=URL, api_key=KEY, model="judge-latest", max_retries=0) as client:
+    with Nimble(base_url=URL, api_key=KEY, max_retries=0) as client:
         r = client.system_one(
             state=STATE,
             questions={
