@@ -49,6 +49,19 @@ export interface CalibrateCliOptions {
   fromResults?: string[];
   /** Content-free prior weight per question type for the run (default: the shipped file's). */
   prior?: Record<string, number>;
+  /** The neutral state each type's prior is read against (default: the shipped file's, else "N/A"). */
+  priorState?: Record<string, string>;
+}
+
+/** "score=,noul=N/A" → the neutral state per question type (empty allowed). */
+export function parsePriorState(text: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const part of text.split(",")) {
+    const m = /^\s*(noul|choice|score)=(.*)$/.exec(part);
+    if (!m) throw new InvalidArgumentError(`--prior-state takes TYPE=TEXT pairs (e.g. score=,noul=N/A), got "${part}"`);
+    out[m[1]!] = m[2]!;
+  }
+  return out;
 }
 
 /** "noul=1,choice=1,score=0" → weights per question type, each in [0, 1]. */
@@ -88,7 +101,7 @@ function familyKeys<T>(section: Record<string, T>): Record<string, T> {
  */
 export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): CalibrationFit {
   if (!existing || existing.build_hash !== fit.build_hash) return fit;
-  const { prior: _old, ...rest } = existing;
+  const { prior: _prior, prior_state: _state, ...rest } = existing;
   return {
     ...rest,
     ...fit,
@@ -132,7 +145,10 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     // run, all but the content-free prior, which is part of the reading.
     const shipped = manifest.calibration;
     const prior = opts.prior ?? shipped?.prior;
-    manifest.calibration = prior ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, data: [] } : null;
+    const priorState = opts.priorState ?? shipped?.prior_state;
+    manifest.calibration = prior
+      ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, ...(priorState ? { prior_state: priorState } : {}), data: [] }
+      : null;
     let runs;
     try {
       runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
@@ -149,6 +165,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     const limitNote = `${opts.limit !== undefined ? ` --limit ${opts.limit}` : ""}${opts.split ? ` --split ${opts.split.part}/${opts.split.of}` : ""}`;
     return finish(opts, io, items, {
       ...(prior ? { prior } : {}),
+      ...(prior && priorState ? { prior_state: priorState } : {}),
       build_hash: manifest.build_hash,
       build: resolved.build,
       dir: path.basename(lb.build.dir),
@@ -164,6 +181,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
 interface FitHeader {
   /** Content-free prior weights the readings were taken under (shipped with the maps fitted on them). */
   prior?: Record<string, number>;
+  prior_state?: Record<string, string>;
   build_hash: string;
   build: string;
   dir: string;
@@ -275,6 +293,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     platt: maps.platt,
     top_label: maps.top_label,
     ...(header.prior ? { prior: header.prior } : {}),
+    ...(header.prior_state ? { prior_state: header.prior_state } : {}),
     identity_kept: rejected,
     top_label_left_out: noTopLabel,
     cross_validation: [...summary(cv, `${opts.folds}-fold`), ...summary(lodo, "leave-one-dataset-out")],
@@ -313,6 +332,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
     .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
+    .option("--prior-state <states>", "the neutral state each type's prior reads, e.g. score=,noul=N/A (default: the shipped file's, else N/A)", parsePriorState)
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -333,6 +353,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         readouts?: string;
         fromResults?: string[];
         prior?: Record<string, number>;
+        priorState?: Record<string, string>;
       }) => {
         if (!o.data && !o.fromResults) throw new Error("give --data FILE… (or --from-results results.json…)");
         const config = loadConfig(io.env);
@@ -369,6 +390,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
             ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
             ...(o.prior !== undefined ? { prior: o.prior } : {}),
+            ...(o.priorState !== undefined ? { priorState: o.priorState } : {}),
           },
           io,
         );

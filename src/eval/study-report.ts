@@ -62,6 +62,13 @@ function logOdds(b: Branch): number {
  * - a noul yes/no read: [log-odds, 0] so that softmax gives (p, 1 − p).
  */
 export function optionScores(branches: readonly Branch[], v: string, k: number, mode: LabelMode): number[] | null {
+  if (v.includes("+")) {
+    // An ensemble: the mean of its parts' normalised scores (a product of experts).
+    const parts = v.split("+").map((p) => optionScores(branches, p, k, mode));
+    if (parts.some((p) => p === null)) return null;
+    const norm = parts.map((p) => logNormalise(p!.length === 2 && k === 2 ? [p![0]!, p![1]!] : p!));
+    return Array.from({ length: k }, (_, i) => mean(norm.map((p) => p[i]!))!);
+  }
   const mine = branches.filter((b) => b.v === v);
   if (mine.length === 0) return null;
   if (v === "upper") {
@@ -191,12 +198,14 @@ export function kfold(s: Scored, folds = 5): number[][] {
 
 /** Every readout worth reporting for a row set: each variant × label mode × prior weight. */
 export function readouts(rows: readonly StudyRow[]): Readout[] {
-  const vs = [...new Set(rows[0]?.branches.map((b) => b.v) ?? [])];
+  const have = new Set(rows[0]?.branches.map((b) => b.v) ?? []);
+  const combos = ["question+question_ctx", "question+true_false", "names+upper", "names_cased+upper", "names+numbers", "names_cased+numbers", "numbers+yesno", "keys+numbers", "fc+fc_q", "numbers+readable"];
+  const vs = [...have, ...combos.filter((c) => c.split("+").every((p) => have.has(p)))];
   const out: Readout[] = [];
   for (const v of vs) {
-    const multi = rows[0]!.branches.some((b) => b.v === v && b.t === undefined && b.option.length !== 4) || (rows[0]!.k > 2 && !["upper", "atleast", "yesno", "yesno_list"].includes(v));
+    const multi = rows[0]!.k > 2 && !["upper", "atleast", "yesno", "yesno_list", "numbers"].includes(v);
     const modes: LabelMode[] = multi ? ["sum", "mean", "first"] : ["sum"];
-    const hasCf = rows[0]!.cf["N/A"]?.some((b) => b.v === v) ?? false;
+    const hasCf = v.split("+").every((p) => rows[0]!.cf["N/A"]?.some((b) => b.v === p) ?? false);
     for (const mode of modes) {
       out.push({ v, mode, cf: 0, neutral: "N/A" });
       if (hasCf) {

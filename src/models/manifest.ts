@@ -26,6 +26,8 @@ export const CalibrationFit = z.looseObject({
    * 0–1; absent or 0: none (src/pipeline/prior.ts). The maps above are fitted on readings with it applied.
    */
   prior: z.record(z.string(), z.number().min(0).max(1)).optional(),
+  /** The content-free state each type's prior is read against (default "N/A"). */
+  prior_state: z.record(z.string(), z.string().max(100)).optional(),
   /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
   data: z.array(z.string()).default([]),

@@ -22,7 +22,7 @@ import { runCodeSearch } from "../families/codesearch.js";
 import { runFactCheck } from "../families/factcheck.js";
 import type { FamilyEnv } from "../families/types.js";
 import type { Timings } from "./timings.js";
-import { PriorCache, subtractPrior } from "./prior.js";
+import { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
 import type { CalibrationFit } from "../models/manifest.js";
 
 export { loadBuild, type LoadedBuild } from "./build.js";
@@ -312,14 +312,21 @@ export class EnginePipeline implements Pipeline {
   private async readPriors(lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
     const out = new Map<number, number[]>();
     if (!fit?.prior || !prepared.encoded) return out;
-    const blocks = prepared.questions.flatMap((q, i) => ((fit.prior?.[q.type] ?? 0) > 0 ? (q.blocks ?? [i]) : []));
-    if (blocks.length === 0) return out;
     const t0 = performance.now();
     const limit = Math.min(this.config.maxPackedTokens, lb.build.manifest.context_length);
-    const reads = await this.priors.read(lb, this.pool, blocks.map((b) => prepared.encoded![b]!), limit, ctx.signal);
-    blocks.forEach((b, n) => out.set(b, reads[n]!));
+    // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
+    const byNeutral = new Map<string, number[]>();
+    prepared.questions.forEach((q, i) => {
+      if (!((fit.prior?.[q.type] ?? 0) > 0)) return;
+      const neutral = fit.prior_state?.[q.type] ?? NEUTRAL_STATE;
+      byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...(q.blocks ?? [i])]);
+    });
+    for (const [neutral, blocks] of byNeutral) {
+      const reads = await this.priors.read(lb, this.pool, neutral, blocks.map((b) => prepared.encoded![b]!), limit, ctx.signal);
+      blocks.forEach((b, n) => out.set(b, reads[n]!));
+    }
     // The prior pass is model work like the main pass (a cache hit costs nothing here).
-    ctx.timings.add("inference", performance.now() - t0);
+    if (byNeutral.size > 0) ctx.timings.add("inference", performance.now() - t0);
     return out;
   }
 

@@ -28,18 +28,25 @@ export class PriorCache {
 
   constructor(private readonly maxEntries = 50_000) {}
 
-  private key(build: string, q: EncodedQuestion): string {
-    return `${build}|${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
+  private key(build: string, neutral: string, q: EncodedQuestion): string {
+    return `${build}|${neutral.length}:${neutral}|${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
   }
 
   /**
    * Label log-probabilities of each branch read against the neutral state.
    * Missing branches run in as few passes as `maxTokens` allows.
    */
-  async read(lb: LoadedBuild, pool: InferencePool, branches: readonly EncodedQuestion[], maxTokens: number, signal?: AbortSignal): Promise<number[][]> {
+  async read(
+    lb: LoadedBuild,
+    pool: InferencePool,
+    neutral: string,
+    branches: readonly EncodedQuestion[],
+    maxTokens: number,
+    signal?: AbortSignal,
+  ): Promise<number[][]> {
     const build = lb.build.manifest.build_hash;
     const out: (number[] | undefined)[] = branches.map((b) => {
-      const k = this.key(build, b);
+      const k = this.key(build, neutral, b);
       const hit = this.entries.get(k);
       if (hit) {
         // Refresh: Map order is the LRU order.
@@ -52,7 +59,7 @@ export class PriorCache {
     this.hits += branches.length - missing.length;
     this.misses += missing.length;
     if (missing.length > 0) {
-      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, NEUTRAL_STATE));
+      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
       for (const pass of planPasses(prefix.length, missing.map((i) => branchCost(branches[i]!)), maxTokens)) {
         const idx = pass.map((j) => missing[j]!);
         const packed = pack(prefix, idx.map((i) => branches[i]!));
@@ -60,7 +67,7 @@ export class PriorCache {
         const lps = readLabels(packed, res.logprobs);
         idx.forEach((i, n) => {
           out[i] = lps[n]!;
-          this.entries.set(this.key(build, branches[i]!), lps[n]!);
+          this.entries.set(this.key(build, neutral, branches[i]!), lps[n]!);
         });
       }
       while (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);

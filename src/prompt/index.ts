@@ -118,10 +118,15 @@ export function buildQuestion(
   const ask = q.instructions?.trim();
   switch (q.type) {
     case "noul": {
-      const lines = [`Statement: ${ask && ask.length > 0 ? ask : "The state is correct and acceptable."}`];
+      // A question is asked as the question it is; only a statement is
+      // wrapped in "is the statement true" (BoolQ in the readout study,
+      // bench/RESULTS.md issue 18: wrapping a question read near chance).
+      const text = ask && ask.length > 0 ? ask : "The state is correct and acceptable.";
+      const asked = /\?\s*$/.test(text);
+      const lines = [asked ? `Question: ${text}` : `Statement: ${text}`];
       if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
       if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
-      lines.push("Is the statement true of the state? Answer yes or no.");
+      lines.push(asked ? "Answer yes or no." : "Is the statement true of the state? Answer yes or no.");
       // Instruct models put most of their mass on "Yes"/"No" whatever the
       // prompt's casing (measured: 75% vs 20% on the lowercase forms), so
       // both casings count for each side.
