@@ -1,0 +1,215 @@
+import type { PackedTensors } from "./pack.js";
+
+/**
+ * What one packed forward pass costs, per build: a live estimate that the
+ * admission check (src/inference/work.ts) reads before it accepts a request.
+ *
+ *   ms ≈ perPass + perToken · tokens + perPair · attention pairs
+ *
+ * `tokens` is the packed length (every linear layer runs on each token once).
+ * Attention is split (src/inference/pack.ts): the prefix attends causally to
+ * itself and each of the `branches` question blocks, padded to `width`,
+ * attends to the prefix and to its own tokens, so the pairs are
+ * P(P+1)/2 + B·W·(P + (W+1)/2). On a CPU the pair term is a third of a
+ * 2,000-token pass and most of an 8,000-token one; on short passes it is noise.
+ *
+ * The three coefficients are a least-squares fit on relative error over the
+ * passes the build has run, older passes weighing less and less (a factor
+ * FORGET per pass), so the estimate follows the machine when its load
+ * changes. Before the first pass the fit stands on three pseudo-passes drawn
+ * from a prior (the build's size, the provider and the threads); they fade
+ * like real passes but never quite to zero, and they follow the speed the
+ * real passes show (the prior's proportions at the measured pace), which
+ * keeps a direction the real passes never varied (every pass the same
+ * length) in the prior's proportion.
+ */
+
+export interface PassShape {
+  /** Packed tokens (prefix + every block). */
+  tokens: number;
+  /** Tokens of the shared prefix. */
+  prefix: number;
+  /** Question blocks (branches) after the prefix. */
+  branches: number;
+  /** Longest block: every block is padded to it in the attention. */
+  width: number;
+}
+
+export interface CostCoefficients {
+  perPass: number;
+  perToken: number;
+  perPair: number;
+}
+
+/** The shape of a packed request as the worker will run it. */
+export function shapeOf(p: PackedTensors): PassShape {
+  const tokens = p.inputIds.length;
+  return { tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth };
+}
+
+/** Query–key pairs the split attention computes for a pass (per head and layer). */
+export function attentionPairs(s: PassShape): number {
+  return (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
+}
+
+/**
+ * The blocks of a pass read again against a short prefix: the shape of a
+ * content-free prior pass (src/pipeline/prior.ts) for a request, before it is
+ * known which of its questions the prior cache already holds.
+ */
+export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {
+  return { ...s, tokens: s.tokens - s.prefix + prefix, prefix };
+}
+
+/**
+ * The passes of a general request: its one packed pass, and with `prior` a
+ * content-free prior pass of the same blocks (counted as uncached: a cache
+ * hit only makes the request finish sooner).
+ */
+export function generalPasses(model: string, packed: PackedTensors, prior: boolean): { model: string; shape: PassShape }[] {
+  const shape = shapeOf(packed);
+  return prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape) }] : [{ model, shape }];
+}
+
+export interface BuildFacts {
+  /** Weights (parameters) of the model. */
+  parameters: number;
+  hiddenSize: number;
+  layers: number;
+}
+
+/**
+ * Reference: Qwen2.5-Coder-0.5B W8A8 (630M parameters, 896 × 24) on 2 cores of
+ * the project's machine (bench/RESULTS.md, issue 8: 164, 612 and 2,148-token
+ * passes in 325, 1,467 and 8,179 ms) fits 1.83 ms per token and 1.84 µs per
+ * attention pair. Other builds scale by parameters (linear layers) and by
+ * hidden size × layers (attention); other thread counts by 1.78× per
+ * doubling, as measured from 1 to 2 threads.
+ */
+const REF = { parameters: 630_167_424, attention: 896 * 24, threads: 2, perToken: 1.83, perPair: 1.84e-3, perPass: 10 };
+/** A GPU runs a pass this many times faster than 2 CPU cores, before its first pass says otherwise (deliberately cautious). */
+const GPU_SPEEDUP = 20;
+
+export function priorCoefficients(facts: BuildFacts | null, provider: "cpu" | "cuda", threads: number): CostCoefficients {
+  const f = facts ?? { parameters: REF.parameters, hiddenSize: 896, layers: 24 };
+  const threadScale = Math.pow(REF.threads / Math.max(1, threads), Math.log2(1.78));
+  const device = provider === "cuda" ? 1 / GPU_SPEEDUP : threadScale;
+  return {
+    perPass: REF.perPass,
+    perToken: REF.perToken * (f.parameters / REF.parameters) * device,
+    perPair: REF.perPair * ((f.hiddenSize * f.layers) / REF.attention) * device,
+  };
+}
+
+/** Per-pass weight decay: the last ~10 passes make most of the estimate. */
+const FORGET = 0.9;
+/** What the prior's pseudo-passes weigh at the start, and the floor they decay to (in passes). */
+const PRIOR_WEIGHT = 1;
+const PRIOR_FLOOR = 0.02;
+/** Pseudo-passes: a short request, a mid-size state with questions, a long state. */
+const PRIOR_SHAPES: PassShape[] = [
+  { tokens: 160, prefix: 120, branches: 2, width: 20 },
+  { tokens: 1_200, prefix: 700, branches: 16, width: 32 },
+  { tokens: 6_000, prefix: 5_000, branches: 8, width: 120 },
+];
+
+const features = (s: PassShape): [number, number, number] => [1, s.tokens, attentionPairs(s)];
+const estimateWith = (c: CostCoefficients, s: PassShape) => c.perPass + c.perToken * s.tokens + c.perPair * attentionPairs(s);
+
+export class CostModel {
+  /** Decayed normal equations of the real passes: Σ w·x·xᵀ and Σ w·x·y (relative error, see accumulate). */
+  private readonly xx = [0, 0, 0, 0, 0, 0, 0, 0, 0];
+  private readonly xy = [0, 0, 0];
+  private priorWeight = PRIOR_WEIGHT;
+  /** Decayed Σ w and Σ w·log(measured / prior estimate): how much slower or faster than the prior this machine runs now. */
+  private ratioWeight = 0;
+  private logRatioSum = 0;
+  private coef: CostCoefficients;
+  /** Passes observed so far. */
+  passes = 0;
+
+  constructor(readonly prior: CostCoefficients) {
+    this.coef = { ...prior };
+  }
+
+  get coefficients(): CostCoefficients {
+    return this.coef;
+  }
+
+  /** Estimated milliseconds of one pass of this shape. */
+  estimate(s: PassShape): number {
+    return estimateWith(this.coef, s);
+  }
+
+  /** A pass of shape `s` ran in `ms` (inside session.run). */
+  observe(s: PassShape, ms: number): void {
+    if (!(ms > 0) || !Number.isFinite(ms)) return;
+    for (let i = 0; i < 9; i++) this.xx[i]! *= FORGET;
+    for (let i = 0; i < 3; i++) this.xy[i]! *= FORGET;
+    this.priorWeight = Math.max(PRIOR_FLOOR, this.priorWeight * FORGET);
+    this.ratioWeight = this.ratioWeight * FORGET + 1;
+    this.logRatioSum = this.logRatioSum * FORGET + Math.log(ms / Math.max(1e-6, estimateWith(this.prior, s)));
+    this.accumulate(this.xx, this.xy, s, ms, 1);
+    this.passes++;
+    this.coef = this.fit();
+  }
+
+  /**
+   * Weights 1/(prior estimate)²: errors count relative to the size of the
+   * shape, not of the time measured (which would favour the faster passes).
+   */
+  private accumulate(xx: number[], xy: number[], s: PassShape, y: number, weight: number): void {
+    const x = features(s);
+    const size = Math.max(1e-6, estimateWith(this.prior, s));
+    const w = weight / (size * size);
+    for (let i = 0; i < 3; i++) {
+      for (let j = 0; j < 3; j++) xx[i * 3 + j]! += w * x[i]! * x[j]!;
+      xy[i]! += w * x[i]! * y;
+    }
+  }
+
+  private fit(): CostCoefficients {
+    const xx = [...this.xx];
+    const xy = [...this.xy];
+    // The pseudo-passes keep the prior's proportions between shapes, at the
+    // speed the real passes show: a machine twice as loaded is twice as slow
+    // on shapes it has not run lately too.
+    const speed = this.ratioWeight > 0 ? Math.exp(this.logRatioSum / this.ratioWeight) : 1;
+    for (const s of PRIOR_SHAPES) this.accumulate(xx, xy, s, speed * estimateWith(this.prior, s), this.priorWeight);
+    // Non-negative least squares over three unknowns: solve on the free set,
+    // pin a negative coefficient at zero and solve again.
+    const free = [true, true, true];
+    for (let round = 0; round < 3; round++) {
+      const beta = solve(xx, xy, free);
+      if (!beta) break;
+      const neg = beta.findIndex((b, i) => free[i] && b < 0);
+      if (neg < 0) return { perPass: beta[0]!, perToken: beta[1]!, perPair: beta[2]! };
+      free[neg] = false;
+    }
+    return this.coef;
+  }
+}
+
+/** Solves the normal equations restricted to the `free` coefficients (the others 0); null when singular. */
+function solve(xx: readonly number[], xy: readonly number[], free: readonly boolean[]): number[] | null {
+  const idx = [0, 1, 2].filter((i) => free[i]);
+  const n = idx.length;
+  if (n === 0) return [0, 0, 0];
+  // Scale columns so that the system is well conditioned (features span 1 … 1e7).
+  const scale = idx.map((i) => Math.sqrt(xx[i * 3 + i]!) || 1);
+  const a = idx.map((i, r) => [...idx.map((j, c) => xx[i * 3 + j]! / (scale[r]! * scale[c]!)), xy[i]! / scale[r]!]);
+  for (let c = 0; c < n; c++) {
+    let piv = c;
+    for (let r = c + 1; r < n; r++) if (Math.abs(a[r]![c]!) > Math.abs(a[piv]![c]!)) piv = r;
+    if (Math.abs(a[piv]![c]!) < 1e-12) return null;
+    [a[c], a[piv]] = [a[piv]!, a[c]!];
+    for (let r = 0; r < n; r++) {
+      if (r === c) continue;
+      const f = a[r]![c]! / a[c]![c]!;
+      for (let k = c; k <= n; k++) a[r]![k]! -= f * a[c]![k]!;
+    }
+  }
+  const out = [0, 0, 0];
+  idx.forEach((i, r) => (out[i] = a[r]![n]! / a[r]![r]! / scale[r]!));
+  return out;
+}

@@ -1,0 +1,136 @@
+import { AssayError } from "../errors/catalogue.js";
+import type { PassShape } from "./cost.js";
+
+/**
+ * Admission by estimated work: the policy, kept pure so that it can be tested
+ * without a model. The pool (src/inference/pool.ts) supplies the numbers.
+ *
+ * A request arrives with its passes planned (packed shapes, per build). The
+ * pool estimates its own work (`ownMs`, from each build's cost model) and the
+ * work that will run before it finishes (`waitMs`: the running pass's rest,
+ * queued loads, and under fair queueing its own organization's backlog plus
+ * each other organization's backlog up to as much again). Then:
+ *
+ *   deadline = min(cap, max(default, ownMs × DEADLINE_MARGIN))
+ *   ownMs × SAFETY                             > deadline  → 422 (too large for this server: only possible
+ *                                                          at the cap, and no wait makes it fit)
+ *   elapsed + (waitMs + ownMs) × SAFETY        > deadline  → 529, Retry-After = seconds until it would fit
+ *   otherwise admitted: the caller's deadline is raised to `deadline`
+ *
+ * `SAFETY` keeps the queue short of the deadline by a quarter: a queue longer
+ * than what keeps the lane busy adds no throughput, only risk (a mis-estimate
+ * becomes a 504 after the machine spent the time).
+ */
+
+/**
+ * A request whose own work needs longer than the default deadline gets its
+ * estimate times this: room to wait behind as much work as its own and
+ * still finish with the SAFETY headroom (two large code search requests of
+ * one caller, sent together, both answered).
+ */
+export const DEADLINE_MARGIN = 3;
+/** The admission check's headroom on the estimated finish. */
+export const SAFETY = 1.25;
+
+/** The caller's deadline, as the HTTP route tracks it. Absent (CLI, batch): nothing is refused for time. */
+export interface RequestDeadline {
+  /** `performance.now()` at arrival: the deadline counts from there. */
+  arrivedAt: number;
+  /** ASSAY_REQUEST_TIMEOUT_MS. */
+  defaultMs: number;
+  /** ASSAY_REQUEST_TIMEOUT_MAX_MS: no deadline is raised past it. */
+  maxMs: number;
+  /**
+   * Called once when the request is admitted, before any model work: the
+   * deadline it was given (ms from arrival: the default, or more for a request
+   * whose own work needs it) and the estimates it was admitted on.
+   */
+  admitted(a: { deadlineMs: number; ownMs: number; waitMs: number }): void;
+}
+
+/** What the pool needs to know of the request it admits. */
+export interface WorkRequest {
+  /** The organization it is charged to (fair queueing); "" for none. */
+  org: string;
+  /** The request's signal: the passes it runs with it are this work's (see InferencePool.admit). */
+  signal?: AbortSignal | undefined;
+  deadline?: RequestDeadline | undefined;
+}
+
+/** One pass a request will run, planned before it is admitted. */
+export interface PlannedPass {
+  /** The build's model file (the pool's key for its cost model). */
+  model: string;
+  shape: PassShape;
+}
+
+export type RefusalReason = "deadline" | "too_large" | "queue_full";
+
+export interface Judgement {
+  /** The request's deadline, ms from arrival. */
+  deadlineMs: number;
+  refused: RefusalReason | null;
+  /** For a 529: seconds until it would fit (at least 1). */
+  retryAfterS: number;
+}
+
+export function judge(i: { ownMs: number; waitMs: number; elapsedMs: number; defaultMs: number; maxMs: number }): Judgement {
+  const cap = Math.max(i.defaultMs, i.maxMs);
+  const deadlineMs = Math.min(cap, Math.max(i.defaultMs, i.ownMs * DEADLINE_MARGIN));
+  // Not even an idle machine would finish it in time: waiting cannot help.
+  if (i.ownMs * SAFETY > deadlineMs) return { deadlineMs, refused: "too_large", retryAfterS: 0 };
+  if (i.elapsedMs + (i.waitMs + i.ownMs) * SAFETY <= deadlineMs) return { deadlineMs, refused: null, retryAfterS: 0 };
+  // A retry arrives fresh (elapsed ≈ 0): it fits once the work ahead is down to deadline / SAFETY − own.
+  const excessMs = i.waitMs - Math.max(0, deadlineMs / SAFETY - i.ownMs);
+  return { deadlineMs, refused: "deadline", retryAfterS: Math.max(1, Math.ceil(excessMs / 1000)) };
+}
+
+/**
+ * Estimated ms from now until a request of `ownMs` from `org` finishes, when
+ * every organization's backlog (`backlogs`, ms) is served fairly by work and
+ * `aheadMs` (the running pass, queued loads) runs first: its organization's
+ * backlog and its own work, and as much of each other organization's backlog
+ * as that, at most all of it.
+ */
+export function fairFinishMs(org: string, ownMs: number, aheadMs: number, backlogs: ReadonlyMap<string, number>): number {
+  const mine = (backlogs.get(org) ?? 0) + ownMs;
+  let others = 0;
+  for (const [o, b] of backlogs) if (o !== org) others += Math.min(b, mine);
+  return aheadMs + mine + others;
+}
+
+const seconds = (ms: number) => (ms >= 10_000 ? `${Math.round(ms / 1000)} s` : `${(ms / 1000).toFixed(1)} s`);
+
+/** The 422 or 529 a refused request gets; its detail names the estimated work, the wait and the deadline. */
+export function refusal(reason: RefusalReason, j: Judgement, n: { ownMs: number; waitMs: number; elapsedMs: number; defaultMs: number; maxMs: number; waiting?: number }): AssayError {
+  if (reason === "too_large") {
+    return new AssayError(
+      "INVALID_REQUEST",
+      `request too large for this server: its model work is estimated at ${seconds(n.ownMs)} on an idle machine, ` +
+        `above the longest deadline of ${seconds(Math.max(n.defaultMs, n.maxMs))} (ASSAY_REQUEST_TIMEOUT_MAX_MS); ` +
+        `send a shorter state or fewer questions (or items), or split the request`,
+    );
+  }
+  if (reason === "queue_full") {
+    return new AssayError(
+      "MODEL_BUSY",
+      `the model is busy: the inference queue is full (${n.waiting ?? 0} request${n.waiting === 1 ? "" : "s"} waiting, ASSAY_QUEUE_MAX); ` +
+        `retry after about ${j.retryAfterS} second${j.retryAfterS === 1 ? "" : "s"}`,
+      j.retryAfterS,
+    );
+  }
+  const raised = j.deadlineMs > n.defaultMs ? `, raised for its size from ${seconds(n.defaultMs)}` : "";
+  return new AssayError(
+    "MODEL_BUSY",
+    `the model is busy: about ${seconds(n.waitMs)} of queued work would run before this request finished, and the ` +
+      `request itself needs about ${seconds(n.ownMs)}; it would not finish within its deadline of ${seconds(j.deadlineMs)}` +
+      `${raised} (ASSAY_REQUEST_TIMEOUT_MS), so it was refused before any work and nothing was charged; ` +
+      `retry after about ${j.retryAfterS} second${j.retryAfterS === 1 ? "" : "s"}`,
+    j.retryAfterS,
+  );
+}
+
+/** The fields of a pipeline context that admission reads. */
+export function workRequest(ctx: { orgId: string; signal?: AbortSignal | undefined; deadline?: RequestDeadline | undefined }): WorkRequest {
+  return { org: ctx.orgId, signal: ctx.signal, deadline: ctx.deadline };
+}
