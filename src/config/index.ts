@@ -90,6 +90,11 @@ const Env = z.object({
   // Operating it (README, "Operating it").
   /** A request's deadline, from arrival to answer, in milliseconds; past it → 504 and its queued work is dropped. */
   ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000),
+  /**
+   * The longest deadline a request's estimated work may earn (ms): one whose own work needs longer than
+   * ASSAY_REQUEST_TIMEOUT_MS gets its estimate × 3 (DEADLINE_MARGIN), up to this; work beyond it is refused up front (422).
+   */
+  ASSAY_REQUEST_TIMEOUT_MAX_MS: z.coerce.number().int().min(1).default(600_000),
   /** On SIGTERM, seconds in-flight requests get to finish before they are cancelled (503, no charge). */
   ASSAY_DRAIN_SECONDS: z.coerce.number().min(0).default(30),
   /** Test-only fault injection into the inference workers (off by default; see README). */
@@ -129,6 +134,8 @@ export type Config = Readonly<{
   slotLeaseMs: number;
   retryAfterSeconds: number;
   requestTimeoutMs: number;
+  /** Never below requestTimeoutMs. */
+  requestTimeoutMaxMs: number;
   drainMs: number;
   testFaults: boolean;
 }>;
@@ -182,6 +189,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     slotLeaseMs: Math.round(e.ASSAY_SLOT_LEASE_SECONDS * 1000),
     retryAfterSeconds: e.ASSAY_RETRY_AFTER_SECONDS,
     requestTimeoutMs: e.ASSAY_REQUEST_TIMEOUT_MS,
+    requestTimeoutMaxMs: Math.max(e.ASSAY_REQUEST_TIMEOUT_MS, e.ASSAY_REQUEST_TIMEOUT_MAX_MS),
     drainMs: Math.round(e.ASSAY_DRAIN_SECONDS * 1000),
     testFaults: e.ASSAY_TEST_FAULTS,
     ...overrides,

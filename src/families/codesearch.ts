@@ -14,7 +14,8 @@ import {
 } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { CodeSearchFit, familyFit, type FamilyEnv } from "./types.js";
-import { encodeBranches, scoreYesNo, type EncodedBranches } from "./yesno.js";
+import { workRequest } from "../inference/work.js";
+import { encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
  * Code search: one query, many items; the probability that an agent needs
@@ -104,63 +105,72 @@ export async function runCodeSearch(
     const scored = overflow.flatMap((o, i) => (o ? [] : [i]));
     const billed = (e: EncodedBranches, which: readonly number[]) =>
       which.length === 0 ? 0 : e.prefix.length + which.reduce((s, i) => s + e.suffixTokens[i]!, 0);
-    // The hold covers the worst case: every scored item re-sent to the large build.
-    await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
-
     // Passes of at most PASS_TOKENS padded tokens: attention work per token is
     // the same in smaller passes, and peak memory (heads × branches × longest ×
     // (prefix + longest) scores) stays near 1 GB. An item longer than that
     // (up to the 8,192-token item limit) gets a pass of its own.
     const limit = Math.min(fam.maxPackedTokens, PASS_TOKENS);
-    const small = scored.length ? await scoreYesNo(fam.pool, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
-    let raw = small.p;
-    let largeP: number[] = raw.map(() => NaN);
-    let escalated = raw.map(() => false);
-    let inputTokens = billed(enc, scored);
-    const firstFit = familyFit(first, "codesearch", CodeSearchFit);
-    if (large && encLarge && model.escalateTo) {
-      const band = firstFit?.band ?? DEFAULT_BAND;
-      const out = await escalate(
-        raw,
-        band,
-        () => fam.acquire(model.escalateTo!, env.model),
-        async (idx) => {
-          const r = await scoreYesNo(fam.pool, large, encLarge, limit, ctx, idx);
-          inputTokens += billed(encLarge, idx);
-          return idx.map((i) => r.p[i]!);
-        },
-      );
-      raw = out.final;
-      largeP = out.large;
-      escalated = out.escalated;
-    }
+    // Admission by estimated work before the hold (529 / 422 hold nothing). Like
+    // the hold, it counts the worst case, every scored item re-read by the large
+    // build, so an admitted request finishes whatever the small build is unsure of.
+    const planned = [...plannedPasses(first, enc, limit, scored), ...(large && encLarge ? plannedPasses(large, encLarge, limit, scored) : [])];
+    const work = fam.pool.admit(planned, workRequest(ctx));
+    try {
+      // The hold covers the worst case: every scored item re-sent to the large build.
+      await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
 
-    const t2 = performance.now();
-    const largeFit = large ? familyFit(large, "codesearch", CodeSearchFit) : null;
-    const answers: Record<string, NoulAnswer> = {};
-    const details: Record<string, CodeSearchDetail> = {};
-    parsed.ids.forEach((id, i) => {
-      if (overflow[i]) {
-        answers[id] = { type: "noul", noul: 1 };
-        details[id] = { raw: 1, overflow: true, escalated: false, scores: {} };
-        return;
+      const small = scored.length ? await scoreYesNo(fam.pool, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
+      let raw = small.p;
+      let largeP: number[] = raw.map(() => NaN);
+      let escalated = raw.map(() => false);
+      let inputTokens = billed(enc, scored);
+      const firstFit = familyFit(first, "codesearch", CodeSearchFit);
+      if (large && encLarge && model.escalateTo) {
+        const band = firstFit?.band ?? DEFAULT_BAND;
+        const out = await escalate(
+          raw,
+          band,
+          () => fam.acquire(model.escalateTo!, env.model),
+          async (idx) => {
+            const r = await scoreYesNo(fam.pool, large, encLarge, limit, ctx, idx);
+            inputTokens += billed(encLarge, idx);
+            return idx.map((i) => r.p[i]!);
+          },
+        );
+        raw = out.final;
+        largeP = out.large;
+        escalated = out.escalated;
       }
-      const fit = escalated[i] ? largeFit : firstFit;
-      const scores: Record<string, number> = { [model.build]: small.p[i]! };
-      if (escalated[i]) scores[model.escalateTo!] = largeP[i]!;
-      answers[id] = { type: "noul", noul: adjustForRecall(raw[i]!, fit?.recall) };
-      details[id] = { raw: raw[i]!, overflow: false, escalated: escalated[i]!, scores };
-    });
-    ctx.timings.add("probability", performance.now() - t2);
-    return {
-      model: env.model,
-      answers,
-      usage: { input_tokens: inputTokens, output_tokens: 0 },
-      request_id: ctx.requestId,
-      effort: model.effort ?? "medium",
-      details,
-      escalation_skipped: false,
-    };
+
+      const t2 = performance.now();
+      const largeFit = large ? familyFit(large, "codesearch", CodeSearchFit) : null;
+      const answers: Record<string, NoulAnswer> = {};
+      const details: Record<string, CodeSearchDetail> = {};
+      parsed.ids.forEach((id, i) => {
+        if (overflow[i]) {
+          answers[id] = { type: "noul", noul: 1 };
+          details[id] = { raw: 1, overflow: true, escalated: false, scores: {} };
+          return;
+        }
+        const fit = escalated[i] ? largeFit : firstFit;
+        const scores: Record<string, number> = { [model.build]: small.p[i]! };
+        if (escalated[i]) scores[model.escalateTo!] = largeP[i]!;
+        answers[id] = { type: "noul", noul: adjustForRecall(raw[i]!, fit?.recall) };
+        details[id] = { raw: raw[i]!, overflow: false, escalated: escalated[i]!, scores };
+      });
+      ctx.timings.add("probability", performance.now() - t2);
+      return {
+        model: env.model,
+        answers,
+        usage: { input_tokens: inputTokens, output_tokens: 0 },
+        request_id: ctx.requestId,
+        effort: model.effort ?? "medium",
+        details,
+        escalation_skipped: false,
+      };
+    } finally {
+      work.release();
+    }
   } finally {
     release();
   }

@@ -8,7 +8,8 @@ import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv } from "./types.js";
-import { branchCost, encodeBranches, scoreYesNo, type EncodedBranches } from "./yesno.js";
+import { workRequest } from "../inference/work.js";
+import { branchCost, encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -125,55 +126,64 @@ export async function runFactCheck(
         );
       }
     });
-    // The hold covers the worst case: every claim re-read by the large build.
-    await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));
+    // Admission by estimated work before the hold (529 / 422 hold nothing), for
+    // the worst case like the hold: every claim over every window, and all of
+    // them again with the large build.
+    const plan = (d: EncodedDocument) => d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, all));
+    const work = fam.pool.admit([...plan(small), ...(big ? plan(big) : [])], workRequest(ctx));
+    try {
+      // The hold covers the worst case: every claim re-read by the large build.
+      await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));
 
-    const smallScores = await scoreClaims(fam, small, all, ctx);
-    const chunks = small.prefixes.length;
-    const firstCal = first.build.manifest.calibration;
-    const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, FACTCHECK_CALIBRATION_KEY));
-    let final = smallCal;
-    let raw = smallScores.p;
-    let escalated = claims.map(() => false);
-    const bestChunk = smallScores.bestChunk;
-    const largeRaw = claims.map(() => Number.NaN);
-    let tokens = smallScores.tokens;
-    if (large && big && model.escalateTo) {
-      const band = familyFit(first, "factcheck", FactCheckFit)?.band ?? DEFAULT_BAND;
-      const largeCal = large.build.manifest.calibration;
-      const out = await escalate(
-        smallCal,
-        band,
-        () => fam.acquire(model.escalateTo!, env.model),
-        async (idx) => {
-          const r = await scoreClaims(fam, big, idx, ctx);
-          tokens += r.tokens;
-          idx.forEach((i) => {
-            largeRaw[i] = r.p[i]!;
-            bestChunk[i] = r.bestChunk[i]!;
-          });
-          return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, FACTCHECK_CALIBRATION_KEY));
-        },
-      );
-      final = out.final;
-      escalated = out.escalated;
-      raw = raw.map((p, i) => (escalated[i] ? largeRaw[i]! : p));
+      const smallScores = await scoreClaims(fam, small, all, ctx);
+      const chunks = small.prefixes.length;
+      const firstCal = first.build.manifest.calibration;
+      const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, FACTCHECK_CALIBRATION_KEY));
+      let final = smallCal;
+      let raw = smallScores.p;
+      let escalated = claims.map(() => false);
+      const bestChunk = smallScores.bestChunk;
+      const largeRaw = claims.map(() => Number.NaN);
+      let tokens = smallScores.tokens;
+      if (large && big && model.escalateTo) {
+        const band = familyFit(first, "factcheck", FactCheckFit)?.band ?? DEFAULT_BAND;
+        const largeCal = large.build.manifest.calibration;
+        const out = await escalate(
+          smallCal,
+          band,
+          () => fam.acquire(model.escalateTo!, env.model),
+          async (idx) => {
+            const r = await scoreClaims(fam, big, idx, ctx);
+            tokens += r.tokens;
+            idx.forEach((i) => {
+              largeRaw[i] = r.p[i]!;
+              bestChunk[i] = r.bestChunk[i]!;
+            });
+            return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, FACTCHECK_CALIBRATION_KEY));
+          },
+        );
+        final = out.final;
+        escalated = out.escalated;
+        raw = raw.map((p, i) => (escalated[i] ? largeRaw[i]! : p));
+      }
+      const answers: Record<string, NoulAnswer> = {};
+      const details: Record<string, FactCheckDetail> = {};
+      ids.forEach((id, i) => {
+        answers[id] = { type: "noul", noul: final[i]! };
+        const scores: Record<string, number> = { [model.build]: smallCal[i]! };
+        if (escalated[i]) scores[model.escalateTo!] = final[i]!;
+        details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks };
+      });
+      return {
+        model: env.model,
+        answers,
+        usage: { input_tokens: tokens, output_tokens: 0 },
+        request_id: ctx.requestId,
+        details,
+      };
+    } finally {
+      work.release();
     }
-    const answers: Record<string, NoulAnswer> = {};
-    const details: Record<string, FactCheckDetail> = {};
-    ids.forEach((id, i) => {
-      answers[id] = { type: "noul", noul: final[i]! };
-      const scores: Record<string, number> = { [model.build]: smallCal[i]! };
-      if (escalated[i]) scores[model.escalateTo!] = final[i]!;
-      details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks };
-    });
-    return {
-      model: env.model,
-      answers,
-      usage: { input_tokens: tokens, output_tokens: 0 },
-      request_id: ctx.requestId,
-      details,
-    };
   } finally {
     release();
   }

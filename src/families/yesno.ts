@@ -1,6 +1,7 @@
 import { AssayError } from "../errors/catalogue.js";
 import { pack, readLabels, type EncodedQuestion } from "../inference/pack.js";
 import type { InferencePool } from "../inference/pool.js";
+import type { PlannedPass } from "../inference/work.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { softmax } from "../probability/index.js";
 import { YES_NO, yesNoLabels } from "../prompt/families.js";
@@ -58,6 +59,22 @@ export function planPasses(prefixLength: number, costs: readonly number[], limit
   return passes;
 }
 
+/**
+ * The passes `scoreYesNo` will run for `which` branches (all when omitted),
+ * as shapes for the work admission, planned exactly as it plans them. Block
+ * widths use `branchCost`, a bound on the block (every label token counted).
+ */
+export function plannedPasses(lb: LoadedBuild, enc: EncodedBranches, limit: number, which?: readonly number[]): PlannedPass[] {
+  const idx = which ? [...which] : enc.branches.map((_, i) => i);
+  const costs = idx.map((i) => branchCost(enc.branches[i]!));
+  const prefix = enc.prefix.length;
+  return planPasses(prefix, costs, limit).map((pass) => {
+    const c = pass.map((j) => costs[j]!);
+    const shape = { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: pass.length, width: Math.max(...c) };
+    return { model: lb.build.onnxPath, shape };
+  });
+}
+
 export interface YesNoScores {
   /** P(yes) per branch, in input order; NaN for branches not scored. */
   p: number[];
@@ -84,6 +101,9 @@ export async function scoreYesNo(
     limit,
   ).map((pass) => pass.map((j) => idx[j]!));
   for (const pass of passes) {
+    // A request cut short (deadline, hang-up, drain) starts no further pass;
+    // the queued one was dropped and the running one cut loose by the pool.
+    ctx.signal?.throwIfAborted();
     const packed = pack(
       enc.prefix,
       pass.map((i) => enc.branches[i]!),

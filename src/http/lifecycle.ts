@@ -16,6 +16,12 @@ import { metrics } from "../observability/metrics.js";
 export interface TrackedRequest {
   readonly signal: AbortSignal;
   abort(reason: AssayError): void;
+  /**
+   * Move the deadline to `deadlineMs` from now (`nominalMs` from arrival, as
+   * the 504 names it): a request whose own work needs longer than the default
+   * deadline gets a later one at admission, before any model work.
+   */
+  extend(deadlineMs: number, nominalMs: number): void;
   /** The request's hold and slot are released: it no longer counts as in flight. */
   done(): void;
 }
@@ -43,20 +49,30 @@ export class Lifecycle {
     const ctl = new AbortController();
     this.inFlight.add(ctl);
     metrics.inFlight.inc();
-    const timer = setTimeout(() => {
-      ctl.abort(
-        new AssayError(
-          "TIMEOUT",
-          `the request exceeded its deadline of ${formatMs(nominalMs)} (ASSAY_REQUEST_TIMEOUT_MS); its queued work was cancelled and nothing was charged`,
-        ),
-      );
-    }, Math.max(0, deadlineMs));
-    timer.unref();
+    const arm = (ms: number, nominal: number, raised: boolean) => {
+      const t = setTimeout(() => {
+        ctl.abort(
+          new AssayError(
+            "TIMEOUT",
+            `the request exceeded its deadline of ${formatMs(nominal)} (ASSAY_REQUEST_TIMEOUT_MS${raised ? ", raised for its estimated work" : ""}); ` +
+              `its queued work was cancelled and nothing was charged`,
+          ),
+        );
+      }, Math.max(0, ms));
+      t.unref();
+      return t;
+    };
+    let timer = arm(deadlineMs, nominalMs, false);
     let finished = false;
     return {
       signal: ctl.signal,
       abort: (reason) => {
         if (!ctl.signal.aborted) ctl.abort(reason);
+      },
+      extend: (ms, nominal) => {
+        if (finished || ctl.signal.aborted) return;
+        clearTimeout(timer);
+        timer = arm(ms, nominal, true);
       },
       done: () => {
         if (finished) return;

@@ -28,7 +28,7 @@ export interface RouteDeps {
   accounts: AccountsStore;
   admission: Admission;
   lifecycle: Lifecycle;
-  config: Pick<Config, "requestTimeoutMs" | "maxPackedTokens">;
+  config: Pick<Config, "requestTimeoutMs" | "requestTimeoutMaxMs" | "maxPackedTokens">;
   /** Seconds from process start to the default model being warm, once known (`/health`). */
   startupSeconds?: () => number | null;
 }
@@ -91,6 +91,20 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
         orgId: org.id,
         timings,
         signal: tracked.signal,
+        // The pipeline's work admission refuses what cannot finish in time
+        // (529) and raises the deadline of a request whose own work needs
+        // longer than the default; both before any hold or model work.
+        deadline: {
+          arrivedAt: timings.start,
+          defaultMs: config.requestTimeoutMs,
+          maxMs: config.requestTimeoutMaxMs,
+          admitted: ({ deadlineMs, ownMs, waitMs }) => {
+            const ms = Math.ceil(deadlineMs);
+            timings.note("deadline", ms);
+            timings.note("estimated", ownMs + waitMs);
+            if (ms > config.requestTimeoutMs) tracked.extend(ms - (performance.now() - timings.start), ms);
+          },
+        },
         // After tokenizing, before model work: hold the maximum cost (402).
         // A request already past its deadline places no hold.
         admit: async (inputTokens) => {

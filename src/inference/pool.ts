@@ -9,8 +9,11 @@ import "onnxruntime-node";
 import { ROOT, type Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
+import { CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
+import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
 import type { InferOk, InferTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
+import { fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type WorkRequest } from "./work.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
 export const WORKER_FILE = path.join(ROOT, "dist", "src", "inference", "worker.js");
@@ -20,13 +23,25 @@ export const WORKER_FILE = path.join(ROOT, "dist", "src", "inference", "worker.j
  * sessions: one lane per GPU on CUDA, and on CPU by default one lane using
  * every core (a packed pass already fills them).
  *
- * Each lane keeps its own FIFO in front of piscina and hands the worker one
+ * Each lane keeps its own queue in front of piscina and hands the worker one
  * task at a time, so the pool always knows whether a task is waiting or
  * running:
  *
- *   infer ─► [waiting … waiting] ─► running ─► worker thread
- *              │ full → 529           │ aborted → caller gets 504/503 now;
- *              │ aborted → dropped    │ the pass finishes and is discarded
+ *   admit ─► estimate ─► 529 / 422 now, or admitted (its planned work counted on a lane)
+ *   infer ─► [org A: … | org B: … | loads] ─► running ─► worker thread
+ *              │ fair by estimated work         │ aborted → caller gets 504/503 now;
+ *              │ aborted → dropped              │ the pass finishes and is discarded
+ *
+ * Admission (`admit`, policy in work.ts) happens once per request, before
+ * its credit hold and before any model work: the request's planned passes
+ * are priced by each build's live cost model (cost.ts) against the work the
+ * lane already has, and a request that would not finish by its deadline is
+ * refused at once. An admitted request's passes are never refused later:
+ * the request is pinned to one lane, and each pass it runs (found by the
+ * request's AbortSignal, which every pass of it carries) moves its estimate
+ * from "planned" to "queued". Passes are queued per organization and served
+ * by start-time fair queueing (fair-queue.ts). Loads and unloads run once the
+ * inference tasks queued before them have started; reloads after a crash first.
  *
  * Piscina would instead terminate a worker whose running task is aborted,
  * throwing away its loaded sessions; a late answer is cheaper than a reload.
@@ -36,8 +51,20 @@ export const WORKER_FILE = path.join(ROOT, "dist", "src", "inference", "worker.j
  */
 interface Job {
   task: Task;
-  /** Counted against the queue bound (infer) or not (load/unload must never be refused). */
+  /** An inference task (queued fairly, counted in the queue depth) or a load/unload (never refused). */
   bounded: boolean;
+  org: string;
+  /** Estimated ms. */
+  cost: number;
+  tokens: number;
+  shape: PassShape | null;
+  /** Arrival order, so that a load runs after the inference queued before it. */
+  seq: number;
+  /** Order within its organization's queue: its request's admission order. */
+  rank: number;
+  /** A reload after a crash: runs before anything else. */
+  front: boolean;
+  work: Work | null;
   resolve(r: TaskResult): void;
   reject(e: unknown): void;
   enqueuedAt: number;
@@ -49,17 +76,104 @@ interface Lane {
   index: number;
   pool: Piscina;
   opts: LaneOptions;
-  waiting: Job[];
+  queue: FairQueue<Job>;
+  system: Job[];
   running: Job | null;
+  runningSince: number;
+  /** Admitted requests pinned to this lane and not yet finished. */
+  works: Set<Work>;
+}
+
+/** An admitted request: its planned work, until it ends. Release it in `finally` (an abort releases it too). */
+export interface AdmittedWork {
+  /** Estimated ms of the request's own passes. */
+  readonly estimateMs: number;
+  /** Estimated ms of other work that runs before it finishes. */
+  readonly waitMs: number;
+  /** The deadline it was admitted under, ms from arrival; null without one (CLI, batch). */
+  readonly deadlineMs: number | null;
+  release(): void;
+}
+
+class Work implements AdmittedWork {
+  remainingMs: number;
+  remainingTokens: number;
+  released = false;
+  private static nextSeq = 0;
+  /** Admission order (its passes' rank in the organization's queue). */
+  readonly seq = Work.nextSeq++;
+  private readonly onRelease: Array<() => void> = [];
+
+  constructor(
+    readonly org: string,
+    readonly lane: Lane,
+    readonly estimateMs: number,
+    tokens: number,
+    readonly waitMs: number,
+    readonly deadlineMs: number | null,
+  ) {
+    this.remainingMs = estimateMs;
+    this.remainingTokens = tokens;
+  }
+
+  /** A planned pass was queued: its estimate moves from the plan to the queue. */
+  consume(ms: number, tokens: number): void {
+    this.remainingMs = Math.max(0, this.remainingMs - ms);
+    this.remainingTokens = Math.max(0, this.remainingTokens - tokens);
+  }
+
+  whenReleased(fn: () => void): void {
+    this.onRelease.push(fn);
+  }
+
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    // Passes planned and never run (a cache hit, a cancelled request) are no longer work ahead of anyone.
+    this.remainingMs = 0;
+    this.remainingTokens = 0;
+    this.lane.works.delete(this);
+    for (const fn of this.onRelease.splice(0)) fn();
+  }
 }
 
 const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after about one second";
+
+/** Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it). */
+const LOAD_BYTES_PER_MS = 150_000;
+const LOAD_SETUP_MS = 2_000;
 
 /** An abort reason as the error the caller should get: ours when it is an AssayError, else 504. */
 function abortError(signal: AbortSignal): AssayError {
   const r: unknown = signal.reason;
   if (r instanceof AssayError) return r;
   return new AssayError("TIMEOUT", "the request was cancelled before inference finished");
+}
+
+function fileSize(file: string): number {
+  let size = 0;
+  for (const f of [file, `${file}.data`]) {
+    try {
+      size += fs.statSync(f).size;
+    } catch {
+      // absent: the load reports it
+    }
+  }
+  return size;
+}
+
+/** Parameters and shape from the build's manifest.json next to its model file; null when unreadable. */
+function buildFacts(model: string): BuildFacts | null {
+  try {
+    const m = JSON.parse(fs.readFileSync(path.join(path.dirname(model), "manifest.json"), "utf8")) as Record<string, unknown>;
+    const parameters = Number(m.parameters);
+    const hiddenSize = Number(m.hidden_size);
+    const layers = Number(m.num_layers);
+    if ([parameters, hiddenSize, layers].every((x) => Number.isFinite(x) && x > 0)) return { parameters, hiddenSize, layers };
+  } catch {
+    // no manifest: the reference build's figures
+  }
+  return null;
 }
 
 export class InferencePool {
@@ -70,6 +184,14 @@ export class InferencePool {
   private readonly testFaults: boolean;
   private nextFault: TestFault | null = null;
   private closed = false;
+  private seq = 0;
+  /** Per model file: the live cost estimate of its passes (shared by the lanes, which run the same provider). */
+  private readonly costs = new Map<string, CostModel>();
+  /** The admitted request each request signal belongs to: every pass run with that signal is its work. */
+  private readonly bySignal = new WeakMap<AbortSignal, Work>();
+  private readonly provider: "cpu" | "cuda";
+  private readonly threads: number;
+  private readonly queueSource = () => this.pending();
   /** Workers that died and were replaced since start. */
   restarts = 0;
 
@@ -78,6 +200,8 @@ export class InferencePool {
       throw new Error(`worker ${WORKER_FILE} is not built; run npm run build (npm start/test do it for you)`);
     }
     this.testFaults = config.testFaults === true;
+    this.provider = config.provider;
+    this.threads = config.intraOpThreads;
     const testFaults = this.testFaults;
     const opts: LaneOptions[] =
       config.provider === "cuda"
@@ -108,17 +232,18 @@ export class InferencePool {
       // A worker that fails with no task in hand is reported as an 'error'
       // event; unhandled, EventEmitter would take the whole process down.
       pool.on("error", (err: unknown) => console.error(`[assay] inference lane ${index}: ${String(err)}`));
-      return { index, pool, opts: o, waiting: [], running: null };
+      return { index, pool, opts: o, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>() };
     });
+    metrics.queueSources.add(this.queueSource);
   }
 
   get laneCount(): number {
     return this.lanes.length;
   }
 
-  /** Requests waiting for a worker, over all lanes. */
+  /** Inference tasks waiting for a worker, over all lanes. */
   get queued(): number {
-    return this.lanes.reduce((s, l) => s + l.waiting.filter((j) => j.bounded).length, 0);
+    return this.lanes.reduce((s, l) => s + l.queue.length, 0);
   }
 
   /** Tasks running in a worker now, over all lanes. */
@@ -126,30 +251,150 @@ export class InferencePool {
     return this.lanes.reduce((s, l) => s + (l.running ? 1 : 0), 0);
   }
 
+  /** Requests admitted and not yet finished, over all lanes. */
+  get admitted(): number {
+    return this.lanes.reduce((s, l) => s + l.works.size, 0);
+  }
+
+  /** The cost model of a model file (created from its manifest's size on first use). */
+  costModel(model: string): CostModel {
+    let c = this.costs.get(model);
+    if (!c) {
+      c = new CostModel(priorCoefficients(buildFacts(model), this.provider, this.threads));
+      this.costs.set(model, c);
+      this.publish(model, c);
+    }
+    return c;
+  }
+
+  private publish(model: string, c: CostModel): void {
+    const build = path.basename(path.dirname(model));
+    metrics.buildMsPerToken.set({ build }, c.coefficients.perToken);
+    metrics.buildMsPerPair.set({ build }, c.coefficients.perPair);
+  }
+
+  /** Estimated ms of passes, each by its build's cost model. */
+  estimate(passes: readonly PlannedPass[]): number {
+    return passes.reduce((s, p) => s + this.costModel(p.model).estimate(p.shape), 0);
+  }
+
+  /** Work on a lane: the running task's rest and queued loads (`aheadMs`), and per organization its queued and planned work. */
+  private backlog(lane: Lane, now = performance.now()): { aheadMs: number; byOrg: Map<string, number>; totalMs: number } {
+    let aheadMs = lane.running ? Math.max(0, lane.running.cost - (now - lane.runningSince)) : 0;
+    for (const j of lane.system) aheadMs += j.cost;
+    const byOrg = new Map<string, number>();
+    const add = (org: string, ms: number) => byOrg.set(org, (byOrg.get(org) ?? 0) + ms);
+    for (const j of lane.queue) add(j.org, j.cost);
+    for (const w of lane.works) if (w.remainingMs > 0) add(w.org, w.remainingMs);
+    let totalMs = aheadMs;
+    for (const ms of byOrg.values()) totalMs += ms;
+    return { aheadMs, byOrg, totalMs };
+  }
+
+  /** Tokens and estimated ms admitted and not yet started, over all lanes (assay_inference_queue_tokens). */
+  pending(): { tokens: number; ms: number } {
+    let tokens = 0;
+    let ms = 0;
+    for (const l of this.lanes) {
+      for (const j of l.queue) {
+        tokens += j.tokens;
+        ms += j.cost;
+      }
+      for (const w of l.works) {
+        tokens += w.remainingTokens;
+        ms += w.remainingMs;
+      }
+    }
+    return { tokens, ms };
+  }
+
+  /** The lane with the least estimated work. */
   private pick(): Lane {
     let best = this.lanes[0]!;
     let load = Infinity;
+    const now = performance.now();
     for (const l of this.lanes) {
-      const n = l.waiting.length + (l.running ? 1 : 0);
-      if (n < load) {
+      const ms = this.backlog(l, now).totalMs + (l.running ? 1e-3 : 0);
+      if (ms < load) {
         best = l;
-        load = n;
+        load = ms;
       }
     }
     return best;
   }
 
-  private enqueue(lane: Lane, task: Task, bounded: boolean, signal?: AbortSignal, front = false): Promise<TaskResult> {
+  /**
+   * Admission by estimated work, before any model work and before the
+   * credit hold (so a refusal holds and charges nothing). `passes` are the
+   * request's planned passes, worst case (every item escalated, every prior
+   * uncached). Throws 529 (would not finish by its deadline, or the queue is
+   * full) or 422 (needs more than the longest deadline even alone); raises
+   * the caller's deadline when the request's own work needs longer than the
+   * default. The returned work must be released when the request ends; the
+   * passes the request runs with `req.signal` count against it meanwhile.
+   */
+  admit(passes: readonly PlannedPass[], req: WorkRequest): AdmittedWork {
+    if (this.closed) throw new AssayError("UNAVAILABLE", "the inference pool is closed; the service is shutting down", 1);
+    if (req.signal?.aborted) throw abortError(req.signal);
+    const ownMs = this.estimate(passes);
+    const tokens = passes.reduce((s, p) => s + p.shape.tokens, 0);
+    const lane = this.pick();
+    const now = performance.now();
+    const b = this.backlog(lane, now);
+    const waitMs = fairFinishMs(req.org, ownMs, b.aheadMs, b.byOrg) - ownMs;
+    const d = req.deadline;
+    const elapsedMs = d ? now - d.arrivedAt : 0;
+    const numbers = { ownMs, waitMs, elapsedMs, defaultMs: d?.defaultMs ?? 0, maxMs: d?.maxMs ?? 0 };
+    let j: Judgement | null = d ? judge(numbers) : null;
+    // The request-count bound (ASSAY_QUEUE_MAX) still holds: requests admitted on the lane and not running now.
+    const busy = lane.running !== null || lane.queue.length > 0;
+    const waiting = lane.works.size - (lane.running?.work ? 1 : 0) + [...lane.queue].filter((x) => !x.work).length;
+    if (busy && waiting >= this.perLaneQueue) {
+      j = { deadlineMs: j?.deadlineMs ?? 0, refused: "queue_full", retryAfterS: Math.max(1, Math.ceil(b.aheadMs / 1000)) };
+    }
+    if (j?.refused) {
+      metrics.admissionRefused.inc({ reason: j.refused });
+      throw refusal(j.refused, j, { ...numbers, waiting });
+    }
+    if (d && j) d.admitted({ deadlineMs: j.deadlineMs, ownMs, waitMs });
+    const work = new Work(req.org, lane, ownMs, tokens, waitMs, j?.deadlineMs ?? null);
+    lane.works.add(work);
+    const signal = req.signal;
+    if (signal) {
+      this.bySignal.set(signal, work);
+      const onAbort = () => work.release();
+      signal.addEventListener("abort", onAbort, { once: true });
+      work.whenReleased(() => signal.removeEventListener("abort", onAbort));
+    }
+    return work;
+  }
+
+  private enqueue(
+    lane: Lane,
+    task: Task,
+    opts: { bounded: boolean; org?: string; cost?: number; tokens?: number; shape?: PassShape | null; work?: Work | null; front?: boolean },
+    signal?: AbortSignal,
+  ): Promise<TaskResult> {
     if (this.closed) return Promise.reject(new AssayError("UNAVAILABLE", "the inference pool is closed; the service is shutting down", 1));
     if (signal?.aborted) return Promise.reject(abortError(signal));
-    if (bounded && (lane.running || lane.waiting.length > 0)) {
-      const waiting = lane.waiting.filter((j) => j.bounded).length;
-      if (waiting >= this.perLaneQueue) return Promise.reject(new AssayError("MODEL_BUSY", BUSY_DETAIL, 1));
+    const bounded = opts.bounded;
+    // Work not admitted as a request (the CLI, eval, bench) keeps the plain queue bound.
+    if (bounded && !opts.work && (lane.running || lane.queue.length > 0) && lane.queue.length >= this.perLaneQueue) {
+      return Promise.reject(new AssayError("MODEL_BUSY", BUSY_DETAIL, 1));
     }
+    this.seq++;
     return new Promise<TaskResult>((resolve, reject) => {
       const job: Job = {
         task,
         bounded,
+        org: opts.org ?? "",
+        cost: opts.cost ?? 0,
+        tokens: opts.tokens ?? 0,
+        shape: opts.shape ?? null,
+        seq: this.seq,
+        rank: opts.work ? opts.work.seq : this.seq + 1e12,
+        front: opts.front === true,
+        work: opts.work ?? null,
         enqueuedAt: performance.now(),
         settled: false,
         resolve: (r) => {
@@ -168,36 +413,54 @@ export class InferencePool {
       };
       if (signal) {
         const onAbort = () => {
-          const i = lane.waiting.indexOf(job);
-          if (i >= 0) {
-            // Still queued: dropped, never reaches the worker.
-            lane.waiting.splice(i, 1);
-            if (job.bounded) metrics.queueDepth.dec();
-          }
+          // Still queued: dropped, never reaches the worker.
+          if (lane.queue.remove(job)) metrics.queueDepth.dec();
           job.reject(abortError(signal));
         };
         signal.addEventListener("abort", onAbort, { once: true });
         job.cleanup = () => signal.removeEventListener("abort", onAbort);
       }
-      if (front) lane.waiting.unshift(job);
-      else lane.waiting.push(job);
-      if (bounded) metrics.queueDepth.inc();
+      if (!bounded) {
+        if (job.front) lane.system.unshift(job);
+        else lane.system.push(job);
+      } else {
+        lane.queue.push(job);
+        metrics.queueDepth.inc();
+      }
       this.dispatch(lane);
     });
   }
 
+  /** A load or unload once no inference task queued before it still waits; else the fair queue's next. */
+  private next(lane: Lane): Job | undefined {
+    const sys = lane.system[0];
+    if (sys && (sys.front || ![...lane.queue].some((j) => j.seq < sys.seq))) return lane.system.shift();
+    const job = lane.queue.shift();
+    if (job) metrics.queueDepth.dec();
+    return job;
+  }
+
   private dispatch(lane: Lane): void {
     if (lane.running || this.closed) return;
-    const job = lane.waiting.shift();
+    const job = this.next(lane);
     if (!job) return;
-    if (job.bounded) metrics.queueDepth.dec();
     lane.running = job;
-    metrics.queueWait.observe((performance.now() - job.enqueuedAt) / 1000);
+    lane.runningSince = performance.now();
+    metrics.queueWait.observe((lane.runningSince - job.enqueuedAt) / 1000);
     const transfer: ArrayBuffer[] = [];
     lane.pool
       .run(job.task, { transferList: transfer })
       .then(
-        (r: unknown) => job.resolve(r as TaskResult),
+        (r: unknown) => {
+          const res = r as TaskResult;
+          // Every pass that ran teaches its build's estimate, whether or not its caller still waits.
+          if (res.ok && job.task.kind === "infer" && job.shape && "runMs" in res) {
+            const c = this.costModel(job.task.model);
+            c.observe(job.shape, res.runMs);
+            this.publish(job.task.model, c);
+          }
+          job.resolve(res);
+        },
         (e: unknown) => {
           if (this.closed) {
             job.reject(new AssayError("UNAVAILABLE", "the inference pool was closed before the task finished; the service is shutting down", 1));
@@ -212,7 +475,7 @@ export class InferencePool {
           // Reload before anything else runs on the new thread (not when a load itself killed it: no loop).
           if (job.task.kind !== "infer") return;
           for (const model of this.loaded) {
-            this.enqueue(lane, { kind: "load", model }, false, undefined, true).then(
+            this.enqueue(lane, { kind: "load", model }, { bounded: false, front: true, cost: this.loadCost(model) }).then(
               (r) => {
                 if (!r.ok) console.error(`[assay] inference lane ${lane.index}: reload of ${model} failed: ${r.message}`);
               },
@@ -225,6 +488,10 @@ export class InferencePool {
         lane.running = null;
         this.dispatch(lane);
       });
+  }
+
+  private loadCost(model: string): number {
+    return LOAD_SETUP_MS + fileSize(model) / LOAD_BYTES_PER_MS;
   }
 
   async infer(model: string, p: PackedTensors, signal?: AbortSignal): Promise<InferOk> {
@@ -247,15 +514,22 @@ export class InferencePool {
       task.testFault = this.nextFault;
       this.nextFault = null;
     }
+    const shape = shapeOf(p);
+    const cost = this.costModel(model).estimate(shape);
+    // A pass of an admitted request runs on its lane, in its organization's queue, out of its planned work.
+    const work = signal ? (this.bySignal.get(signal) ?? null) : null;
+    if (work && !work.released) work.consume(cost, shape.tokens);
+    const lane = work ? work.lane : this.pick();
     // Copies are sent so the caller's PackedRequest stays readable.
-    const r = await this.enqueue(this.pick(), task, true, signal);
+    const r = await this.enqueue(lane, task, { bounded: true, org: work?.org ?? "", cost, tokens: shape.tokens, shape, work }, signal);
     if (!r.ok) throw new AssayError(r.code, `the model failed: ${r.message}`);
     return r as InferOk;
   }
 
-  /** Load (or unload) a model on every lane. Never refused for a full queue; runs after the tasks before it. */
+  /** Load (or unload) a model on every lane. Never refused for a full queue; runs once the inference tasks queued before it have started. */
   async setLoaded(model: string, loaded: boolean): Promise<LoadOk[]> {
-    const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, false)));
+    const cost = loaded ? this.loadCost(model) : 0;
+    const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, { bounded: false, cost })));
     for (const r of out) if (!r.ok) throw new AssayError(r.code, r.message);
     if (loaded) this.loaded.add(model);
     else this.loaded.delete(model);
@@ -283,11 +557,14 @@ export class InferencePool {
 
   async close(): Promise<void> {
     this.closed = true;
+    metrics.queueSources.delete(this.queueSource);
     for (const l of this.lanes) {
-      for (const j of l.waiting.splice(0)) {
-        if (j.bounded) metrics.queueDepth.dec();
+      const waiting = [...l.queue, ...l.system.splice(0)];
+      for (const j of waiting) {
+        if (l.queue.remove(j)) metrics.queueDepth.dec();
         j.reject(new AssayError("UNAVAILABLE", "the inference pool is closed; the service is shutting down", 1));
       }
+      for (const w of [...l.works]) w.release();
     }
     await Promise.all(this.lanes.map((l) => l.pool.destroy()));
   }

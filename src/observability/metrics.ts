@@ -56,6 +56,60 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  /**
+   * What the inference pools report of the work they have admitted and not
+   * yet run (queued passes and the planned passes of admitted requests),
+   * read at scrape time. A pool registers one source and removes it at close.
+   */
+  readonly queueSources = new Set<() => { tokens: number; ms: number }>();
+
+  readonly queueTokens = new Gauge({
+    name: "assay_inference_queue_tokens",
+    help: "Packed tokens of the inference work admitted and not yet started (queued passes and the planned passes of admitted requests), over all lanes.",
+    registers: [this.registry],
+    collect: () => this.collectQueue(),
+  });
+
+  readonly queueWorkSeconds = new Gauge({
+    name: "assay_inference_queue_work_seconds",
+    help: "Estimated seconds of that work, by each build's cost model, over all lanes.",
+    registers: [this.registry],
+    collect: () => this.collectQueue(),
+  });
+
+  readonly admissionRefused = new Counter({
+    name: "assay_admission_refused_total",
+    help: "Requests refused before any model work by the work admission: deadline (529, would not finish in time), queue_full (529, ASSAY_QUEUE_MAX), too_large (422, beyond ASSAY_REQUEST_TIMEOUT_MAX_MS).",
+    labelNames: ["reason"] as const,
+    registers: [this.registry],
+  });
+
+  readonly buildMsPerToken = new Gauge({
+    name: "assay_build_ms_per_token",
+    help: "The cost estimate in use per model build: milliseconds per packed token (live, fitted on the passes run).",
+    labelNames: ["build"] as const,
+    registers: [this.registry],
+  });
+
+  readonly buildMsPerPair = new Gauge({
+    name: "assay_build_ms_per_attention_pair",
+    help: "The cost estimate in use per model build: milliseconds per query-key pair of attention.",
+    labelNames: ["build"] as const,
+    registers: [this.registry],
+  });
+
+  private collectQueue(): void {
+    let tokens = 0;
+    let ms = 0;
+    for (const source of this.queueSources) {
+      const q = source();
+      tokens += q.tokens;
+      ms += q.ms;
+    }
+    this.queueTokens.set(tokens);
+    this.queueWorkSeconds.set(ms / 1000);
+  }
+
   readonly workerRestarts = new Counter({
     name: "assay_worker_restarts_total",
     help: "Inference workers that died (crashed or exited) and were replaced.",

@@ -5,6 +5,8 @@ import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, type
 import { labelIds, loadBuild, type LoadedBuild } from "./build.js";
 import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import { InferencePool } from "../inference/pool.js";
+import { generalPasses } from "../inference/cost.js";
+import { workRequest } from "../inference/work.js";
 import { answer, averageReadings, calibrationForMode } from "../probability/index.js";
 import {
   describeZodError,
@@ -262,13 +264,21 @@ export class EnginePipeline implements Pipeline {
           `(state + questions + answer labels), limit ${limit}; send a shorter state or fewer questions`,
       );
     }
-    await ctx.admit?.(prepared.packed.promptTokens);
-    const answers = await this.score(lb, prepared, ctx);
-    return {
-      model: env.model,
-      answers,
-      usage: { input_tokens: prepared.packed.promptTokens, output_tokens: 0 },
-    };
+    // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
+    // pass, and a content-free prior pass where the calibration weighs one in.
+    const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off")?.prior ?? {}).some((w) => w > 0);
+    const work = this.pool.admit(generalPasses(lb.build.onnxPath, prepared.packed, priorPass), workRequest(ctx));
+    try {
+      await ctx.admit?.(prepared.packed.promptTokens);
+      const answers = await this.score(lb, prepared, ctx);
+      return {
+        model: env.model,
+        answers,
+        usage: { input_tokens: prepared.packed.promptTokens, output_tokens: 0 },
+      };
+    } finally {
+      work.release();
+    }
   }
 
   private async score(lb: LoadedBuild, prepared: PreparedRequest, ctx: PipelineContext): Promise<Record<string, Answer>> {

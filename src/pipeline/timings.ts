@@ -17,6 +17,16 @@ export type Stage =
 export class Timings {
   readonly start = performance.now();
   readonly ms: Partial<Record<Stage, number>> = {};
+  /**
+   * Figures that are not stages, in milliseconds: `deadline` (what the
+   * request was given, from arrival) and `estimated` (its estimated wait plus
+   * its own work, at admission). Sent as `x-<name>-time`, never histogrammed.
+   */
+  readonly notes: Record<string, number> = {};
+
+  note(name: "deadline" | "estimated", ms: number): void {
+    this.notes[name] = ms;
+  }
 
   add(stage: Stage, ms: number): void {
     this.ms[stage] = (this.ms[stage] ?? 0) + ms;
@@ -51,6 +61,7 @@ export class Timings {
       st.push(`${k};dur=${v.toFixed(1)}`);
     }
     if (st.length > 0) h["server-timing"] = st.join(", ");
+    for (const [k, v] of Object.entries(this.notes)) h[`x-${k}-time`] = v.toFixed(1);
     return h;
   }
 }

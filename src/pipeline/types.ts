@@ -1,3 +1,4 @@
+import type { RequestDeadline } from "../inference/work.js";
 import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import type { Timings } from "./timings.js";
 
@@ -6,7 +7,20 @@ export interface PipelineContext {
   /** Organization the request is charged to (from the API key). */
   orgId: string;
   timings: Timings;
+  /**
+   * The request's one signal (deadline, hang-up, drain). Every pass the
+   * request runs carries it: the inference pool finds the request's admitted
+   * work, lane and organization by it.
+   */
   signal?: AbortSignal;
+  /**
+   * The caller's deadline (the HTTP route's). With it, the pipeline's work
+   * admission (`InferencePool.admit`, before `admit` below) refuses a request
+   * that would not finish in time (529) and raises the deadline of one whose
+   * own work needs longer than the default (up to ASSAY_REQUEST_TIMEOUT_MAX_MS).
+   * Without it (CLI, batch) nothing is refused for time.
+   */
+  deadline?: RequestDeadline;
   /**
    * Called once the request's input tokens are known (after tokenizing) and
    * before any model work: the accounts layer places its credit hold here.

@@ -1,0 +1,195 @@
+/**
+ * Admission by estimated work, deadlines by work, fair queues and
+ * cancellation, on the real engine (the default exported model) behind the
+ * real app. The lane is held busy with the pool's test-only `stall` fault;
+ * what a test needs to be refused is derived from the engine's own live
+ * estimate, so no outcome depends on how fast this machine is. Little model
+ * work runs: refused and cancelled requests never reach the worker.
+ */
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { generalPasses } from "../../src/inference/cost.js";
+import { DEADLINE_MARGIN, SAFETY } from "../../src/inference/work.js";
+import { prepare, type EnginePipeline } from "../../src/pipeline/index.js";
+import { expectSpecError } from "../http/assertions.js";
+import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
+
+let engine: EnginePipeline;
+let t: OpsApp | null = null;
+let stalled: (() => void) | null = null;
+const stall = () => {
+  stalled = engine.pool.injectFaultForTest("stall");
+  return stalled;
+};
+
+beforeAll(async () => {
+  // A queue bound well above what these tests queue: here the work decides. The large build stays unloaded.
+  engine = await startFaultyEngine({ ASSAY_QUEUE_MAX: "64", ASSAY_MODEL_SCHEDULE: "never", ASSAY_MAX_PACKED_TOKENS: "512" });
+});
+afterAll(async () => {
+  await engine?.close();
+});
+afterEach(async () => {
+  stalled?.();
+  stalled = null;
+  await until(() => engine.pool.running === 0 && engine.pool.queued === 0, "the lane to be idle", 60_000);
+  if (t) await until(() => t!.lifecycle.inFlightCount === 0, "every request to release its hold", 60_000);
+  await t?.close();
+  t = null;
+});
+
+const SHORT = "The parcel arrived two weeks late.";
+/** A state of about `words` words: enough tokens that its estimate dwarfs a one-line request's. */
+const longState = (words: number) =>
+  Array.from({ length: words }, (_, i) => ["the", "parcel", "arrived", "late", "and", "the", "box", "was", "crushed"][i % 9]).join(" ");
+const noul = (state: string) => ({ model: "judge-latest", state, questions: { late: { type: "noul", instructions: "The delivery was late." } } });
+
+/** The engine's current estimate (ms) for a general request, as the pipeline will plan it. */
+function estimateOf(payload: ReturnType<typeof noul>): number {
+  const lb = engine.build("judge-latest");
+  const prepared = prepare(lb, payload.state, payload.questions as never, undefined, { maxTokens: 512 });
+  return engine.pool.estimate(generalPasses(lb.build.onnxPath, prepared.packed, false));
+}
+
+const post = (payload: object, key = t!.key, headers: Record<string, string> = {}) =>
+  t!.app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${key}`, ...headers }, payload });
+const metricsText = async () => (await t!.app.inject({ method: "GET", url: "/metrics" })).body;
+
+describe("529 by estimated work", () => {
+  it("a request that would not finish by its deadline is refused at once: Retry-After, the wait and the deadline in the detail, no hold", async () => {
+    const big = noul(longState(180));
+    const est = estimateOf(big);
+    // Room for one such request behind the stalled one, not for two.
+    const deadline = Math.ceil(est * SAFETY * 1.6);
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(deadline) });
+    const refusedBefore = sample(await metricsText(), "assay_admission_refused_total", { reason: "deadline" });
+    const release = stall();
+    const a = post(noul(SHORT));
+    await until(() => engine.pool.running === 1, "the first request to reach the worker");
+    const b = post(big);
+    await until(() => engine.pool.queued === 1, "the second request to queue");
+    expect(engine.pool.pending().tokens).toBeGreaterThan(150);
+    const c = await post(big);
+    const detail = expectSpecError(c, 529);
+    expect(detail).toMatch(/the model is busy: about \d+(\.\d)? s of queued work would run before this request finished/);
+    expect(detail).toMatch(/needs about \d+(\.\d)? s; it would not finish within its deadline of \d+(\.\d)? s \(ASSAY_REQUEST_TIMEOUT_MS\)/);
+    expect(detail).toContain("nothing was charged");
+    expect(Number(c.headers["retry-after"])).toBeGreaterThanOrEqual(1);
+    expect(Number.isInteger(Number(c.headers["retry-after"]))).toBe(true);
+    expect(sample(await metricsText(), "assay_admission_refused_total", { reason: "deadline" })).toBe(refusedBefore + 1);
+    // Refused before any hold: the ledger holds exactly the two admitted requests.
+    expect(t.accounts.ledger(t.orgId).filter((e) => e.kind === "hold")).toHaveLength(2);
+    // The admitted ones are cancelled by the drain, so nothing more runs here.
+    const drained = t.lifecycle.drain(0, 10_000);
+    release();
+    const [ra, rb] = await Promise.all([a, b]);
+    // The stalled one may have passed its own (short) deadline by now.
+    expect([503, 504]).toContain(ra.statusCode);
+    expect(rb.statusCode).toBe(503);
+    expect(await drained).toMatchObject({ stuck: 0 });
+    expect(t.accounts.ledger(t.orgId).filter((e) => e.kind === "settle")).toEqual([]);
+    expect(t.accounts.balance(t.orgId, Date.now())).toMatchObject({ creditMicro: 1_000_000, heldMicro: 0 });
+    expect(engine.pool.admitted).toBe(0);
+  });
+});
+
+describe("deadlines by work", () => {
+  it("a request whose own work needs more than the default deadline gets a later one, and is answered", async () => {
+    const payload = noul(longState(120));
+    const est = estimateOf(payload);
+    // A default deadline the request could never meet: without deadlines by work it would be a 504.
+    const short = Math.max(20, Math.floor(est / 4));
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(short) });
+    const res = await post(payload);
+    expect(res.statusCode, res.body).toBe(200);
+    const given = Number(res.headers["x-deadline-time"]);
+    expect(given).toBeGreaterThan(short);
+    expect(given).toBeCloseTo(Math.ceil(est * DEADLINE_MARGIN), -2);
+    expect(Number(res.headers["x-estimated-time"])).toBeGreaterThan(0);
+    expect(Number(res.headers["x-total-time"])).toBeGreaterThan(short);
+  });
+
+  it("work beyond ASSAY_REQUEST_TIMEOUT_MAX_MS is refused up front with 422 naming it; no hold, nothing run", async () => {
+    const payload = noul(longState(120));
+    const est = estimateOf(payload);
+    const cap = Math.max(2, Math.floor(est / 2));
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(Math.max(1, Math.floor(cap / 2))), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(cap) });
+    const before = sample(await metricsText(), "assay_admission_refused_total", { reason: "too_large" });
+    const res = await post(payload);
+    expect(expectSpecError(res, 422)).toMatch(/request too large for this server: its model work is estimated at .* \(ASSAY_REQUEST_TIMEOUT_MAX_MS\)/);
+    expect(engine.pool.running + engine.pool.queued).toBe(0);
+    expect(t.accounts.ledger(t.orgId).map((e) => e.kind)).toEqual(["grant"]);
+    expect(sample(await metricsText(), "assay_admission_refused_total", { reason: "too_large" })).toBe(before + 1);
+  });
+});
+
+describe("fair between organizations", () => {
+  it("one organization's queue does not delay another's single request: it runs next", async () => {
+    t = await makeOpsApp(engine);
+    const other = t.accounts.createKey("beta");
+    const release = stall();
+    const finished: string[] = [];
+    const track = (name: string, p: ReturnType<typeof post>) => p.then((r) => (finished.push(name), r));
+    const first = track("acme-0", post(noul(SHORT)));
+    await until(() => engine.pool.running === 1, "the first request to reach the worker");
+    // Three more: the organization's limit before a purchase is 4 in flight.
+    const flood = Array.from({ length: 3 }, (_, i) => track(`acme-${i + 1}`, post(noul(`${SHORT} Case ${i}.`))));
+    await until(() => engine.pool.queued === 3, "the organization's requests to queue");
+    const single = track("beta", post(noul("Thanks, the refund came through."), other.key));
+    await until(() => engine.pool.queued === 4, "the other organization's request to queue");
+    release();
+    const all = await Promise.all([first, ...flood, single]);
+    expect(all.map((r) => r.statusCode)).toEqual(Array(5).fill(200));
+    // The stalled request first, then the other organization's, then the rest in order.
+    expect(finished).toEqual(["acme-0", "beta", "acme-1", "acme-2", "acme-3"]);
+  });
+});
+
+describe("cancellation of a request split into several passes", () => {
+  it("a deadline that passes while the first pass runs starts none of the others; nothing is charged", async () => {
+    // Code search items longer than the 512-token pass limit allows together: one pass per few items.
+    const filler = longState(60);
+    const items = Array.from({ length: 6 }, (_, i) => ({ id: `n${i}`, path: `src/mod${i}.py`, kind: "file", filePreview: { text: `${filler} ${i}` } }));
+    const payload = {
+      model: "judge-codegrep-lite",
+      state: { query: "Where is the parcel delay handled?", items },
+      questions: Object.fromEntries(items.map((_, i) => [`q${i}`, { type: "noul" }])),
+    };
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: "1500" });
+    const small = engine.pool.costModel(engine.build("judge-codegrep-lite").build.onnxPath);
+    const passesBefore = small.passes;
+    const release = stall();
+    const res = post(payload);
+    await until(() => engine.pool.running === 1, "the first pass to reach the worker");
+    // Its other passes are planned (admitted work), not queued: they start only when this one ends.
+    expect(engine.pool.admitted).toBe(1);
+    expect(engine.pool.queued).toBe(0);
+    expect(engine.pool.pending().tokens).toBeGreaterThan(0);
+    const r = await res;
+    expect(expectSpecError(r, 504)).toMatch(/exceeded its deadline/);
+    // The request's planned passes are no longer work ahead of anyone.
+    expect(engine.pool.admitted).toBe(0);
+    expect(engine.pool.pending().tokens).toBe(0);
+    release();
+    await until(() => engine.pool.running === 0, "the stalled pass to finish");
+    await until(() => t!.lifecycle.inFlightCount === 0, "the hold to be released");
+    // Only the pass that was running when the deadline passed ran.
+    expect(small.passes).toBe(passesBefore + 1);
+    expect(engine.pool.queued).toBe(0);
+    expect(t.accounts.ledger(t.orgId).map((e) => [e.kind, e.note])).toEqual([
+      ["grant", "starting grant"],
+      ["hold", null],
+      ["release", "error 504 TIMEOUT"],
+    ]);
+  });
+});
+
+describe("metrics", () => {
+  it("the estimate in use per build and the queued work in tokens", async () => {
+    t = await makeOpsApp(engine);
+    const text = await metricsText();
+    expect(sample(text, "assay_build_ms_per_token", { build: "qwen2.5-coder-0.5b-instruct" })).toBeGreaterThan(0);
+    expect(text).toMatch(/^assay_build_ms_per_attention_pair\{build="qwen2\.5-coder-0\.5b-instruct"\} \S+$/m);
+    expect(text).toMatch(/^assay_inference_queue_tokens 0$/m);
+    expect(text).toMatch(/^# TYPE assay_admission_refused_total counter$/m);
+  });
+});
