@@ -53,11 +53,11 @@ export function studyReport(sets: { name: string; rows: StudyRow[] }[], top: num
       m.set(readoutName(r), { raw: metrics(probs(s, null), s.gold, ordinal), kfold: metrics(kfold(s), s.gold, ordinal), lodo, tokens: 0 });
     }
     cells.set(set.name, m);
-    const rows = [...m].sort(([, a], [, b]) => b.kfold.accuracy - a.kfold.accuracy);
+    const rows = [...m].sort(([, a], [, b]) => b.kfold.bacc - a.kfold.bacc);
     out.push(`\n### ${set.name} (${set.rows.length} rows, ${(mean(set.rows.map((r) => r.ms)) / 1000).toFixed(2)} s per row for all variants)\n`);
-    out.push("| readout | acc | macro-F1 | AUROC | MAE | ECE raw | ECE 5-fold | ECE LODO | acc LODO |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    out.push("| readout | bacc | acc | macro-F1 | AUROC | MAE | ECE raw | ECE 5-fold | ECE LODO | bacc LODO |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (const [name, c] of rows.slice(0, top)) {
-      out.push(`| ${name} | ${f3(c.kfold.accuracy)} | ${f3(c.kfold.macroF1)} | ${f3(c.kfold.auroc)} | ${f3(c.kfold.mae)} | ${f3(c.raw.ece)} | ${f3(c.kfold.ece)} | ${f3(c.lodo?.ece)} | ${f3(c.lodo?.accuracy)} |`);
+      out.push(`| ${name} | ${f3(c.kfold.bacc)} | ${f3(c.kfold.accuracy)} | ${f3(c.kfold.macroF1)} | ${f3(c.kfold.auroc)} | ${f3(c.kfold.mae)} | ${f3(c.raw.ece)} | ${f3(c.kfold.ece)} | ${f3(c.lodo?.ece)} | ${f3(c.lodo?.bacc)} |`);
     }
   }
   // Across sets: a readout's mean 5-fold accuracy over the sets of a group that all have it.
@@ -65,12 +65,12 @@ export function studyReport(sets: { name: string; rows: StudyRow[] }[], top: num
     const names = sets.filter((s) => groupOf(s.name) === group).map((s) => s.name);
     const all = [...(cells.get(names[0]!)?.keys() ?? [])].filter((r) => names.every((n) => cells.get(n)?.has(r)));
     const ranked = all
-      .map((r) => ({ r, acc: mean(names.map((n) => cells.get(n)!.get(r)!.kfold.accuracy)), per: names.map((n) => cells.get(n)!.get(r)!) }))
+      .map((r) => ({ r, acc: mean(names.map((n) => cells.get(n)!.get(r)!.kfold.bacc)), per: names.map((n) => cells.get(n)!.get(r)!) }))
       .sort((a, b) => b.acc - a.acc);
     out.push(`\n### across ${group}: ${names.join(", ")}\n`);
-    out.push(`| readout | mean acc | ${names.map((n) => `${n} acc / ECE k-fold / ECE LODO`).join(" | ")} |`, `|---|---:|${names.map(() => "---:").join("|")}|`);
+    out.push(`| readout | mean bacc | ${names.map((n) => `${n} bacc / ECE k-fold / ECE LODO`).join(" | ")} |`, `|---|---:|${names.map(() => "---:").join("|")}|`);
     for (const x of ranked.slice(0, top)) {
-      out.push(`| ${x.r} | ${f3(x.acc)} | ${x.per.map((c) => `${f3(c.kfold.accuracy)} / ${f3(c.kfold.ece)} / ${f3(c.lodo?.ece)}`).join(" | ")} |`);
+      out.push(`| ${x.r} | ${f3(x.acc)} | ${x.per.map((c) => `${f3(c.kfold.bacc)} / ${f3(c.kfold.ece)} / ${f3(c.lodo?.ece)}`).join(" | ")} |`);
     }
   }
   return `${out.join("\n")}\n`;

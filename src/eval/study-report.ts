@@ -160,6 +160,8 @@ export function probs(s: Scored, m: Map1 | null): number[][] {
 export interface Metrics {
   n: number;
   accuracy: number;
+  /** Mean recall per gold class (= accuracy on a balanced set; the fact check figure). */
+  bacc: number;
   macroF1: number;
   /** noul: AUROC of p(true); others null. */
   auroc: number | null;
@@ -173,9 +175,12 @@ export function metrics(p: readonly number[][], gold: readonly number[], ordinal
   const conf = p.map((x, i) => x[pred[i]!]!);
   const correct = pred.map((x, i) => x === gold[i]);
   const k = p[0]!.length;
+  const classes = [...new Set(gold)];
+  const bacc = mean(classes.map((c) => accuracy(correct.filter((_, i) => gold[i] === c))!))!;
   return {
     n: p.length,
     accuracy: accuracy(correct)!,
+    bacc,
     macroF1: macroF1(gold.map(String), pred.map(String))!,
     auroc: k === 2 ? auroc(p.map((x) => x[0]!), gold.map((g) => g === 0)) : null,
     mae: ordinal ? meanAbsoluteError(gold, p.map((x) => x.reduce((s, pi, i) => s + i * pi, 0))) : null,

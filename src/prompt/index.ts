@@ -140,27 +140,36 @@ export function buildQuestion(
       };
     }
     case "choice": {
-      // Options are numbered and the number is read: a key can be a long
-      // phrase that shares its first tokens with others (snake_case intents),
-      // while "1" … "k" are short, distinct and read alike for every option
-      // (measured in bench/RESULTS.md, issue 18: the readout study).
       const keys = Object.keys(q.criteria);
       const shown = order ?? keys.map((_, j) => j);
       const lines = [`Question: ${ask && ask.length > 0 ? ask : "Which option fits the state best?"}`, "Options:"];
-      shown.forEach((i, j) => {
+      const line = (i: number) => {
         const k = keys[i]!;
         const d = q.criteria[k];
-        lines.push(d === null || d === undefined || d === k ? `${j + 1}. ${k}` : `${j + 1}. ${k}: ${d}`);
-      });
-      lines.push("Answer with the option number only.");
-      return {
-        id,
-        type: "choice",
-        suffix: closeTurn(style, lines.join("\n")),
-        labels: shown.map((_, j) => label(style, String(j + 1))),
-        option: shown.slice(),
-        keys,
+        return d === null || d === undefined || d === k ? k : `${k}: ${d}`;
       };
+      if (keys.length <= NUMBERED_MAX_OPTIONS) {
+        // Up to 8 options are numbered and the number is read: "1" … "k" are
+        // short, distinct and read alike for every option, and the lean to a
+        // number cancels over the cyclic shifts (all k are shown for k ≤ 8).
+        // Measured in bench/RESULTS.md (issue 18, the readout study).
+        shown.forEach((i, j) => lines.push(`${j + 1}. ${line(i)}`));
+        lines.push("Answer with the option number only.");
+        return {
+          id,
+          type: "choice",
+          suffix: closeTurn(style, lines.join("\n")),
+          labels: shown.map((_, j) => label(style, String(j + 1))),
+          option: shown.slice(),
+          keys,
+        };
+      }
+      // More options are shown once (canonical order): a number would carry
+      // its position's lean uncorrected, so the key itself is read (and the
+      // content-free prior takes out the lean to a key).
+      for (const i of shown) lines.push(`- ${line(i)}`);
+      lines.push("Answer with the option key only.");
+      return optionQuestion(style, id, "choice", lines, keys);
     }
     case "score": {
       const shown = order ?? q.criteria.map((_, i) => i);
@@ -228,6 +237,13 @@ export const DEFAULT_DEBIAS: Debias = Object.freeze({ mode: "cyclic", maxShifts:
 
 /** ASSAY_MAX_PACKED_TOKENS' default, for callers of `prepare` that give no limit. */
 export const DEFAULT_MAX_PACKED_TOKENS = 8192;
+
+/**
+ * A choice question with at most this many options is numbered and read by
+ * number; with more, by key. It depends on the option count alone (not on
+ * ASSAY_DEBIAS), so what is billed does not depend on the debias setting.
+ */
+export const NUMBERED_MAX_OPTIONS = 8;
 
 /** The orders a question is shown in under `debias`; the first one is the one billed. */
 export function presentationOrders(q: Question, debias: Debias): number[][] {

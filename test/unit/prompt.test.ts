@@ -192,12 +192,16 @@ describe("choice questions", () => {
     expect(comp.option).toEqual([1, 2, 0]);
   });
 
-  it("many options: numbers that share digits are distinct labels (read exactly by the label trie)", () => {
-    const criteria = Object.fromEntries(Array.from({ length: 12 }, (_, i) => [`intent_${i}`, null]));
+  it("more than 8 options: listed once and read by key (multi-token and nested keys kept whole)", () => {
+    const criteria: Record<string, string | null> = Object.fromEntries(Array.from({ length: 9 }, (_, i) => [`intent_${i}`, null]));
+    criteria["1"] = null;
+    criteria["12"] = null;
+    criteria["card_payment_fee_charged"] = "fee";
     const p = buildQuestion(CHATML, "c", { type: "choice", criteria });
-    expect(p.labels).toContain("1");
-    expect(p.labels).toContain("12");
-    expect(new Set(p.labels).size).toBe(12);
+    expect(p.labels).toEqual(Object.keys(criteria));
+    expect(p.option).toEqual(Object.keys(criteria).map((_, i) => i));
+    expect(p.suffix).toMatch(/^- card_payment_fee_charged: fee$/m);
+    expect(p.suffix).toMatch(/option key only/);
   });
 
   it("tells the model to answer with the number", () => {
