@@ -82,7 +82,12 @@ interface Lane {
   runningSince: number;
   /** Admitted requests pinned to this lane and not yet finished. */
   works: Set<Work>;
+  /** Per organization: the lane's busy ms it used, decayed with USAGE_TAU_MS (its recent share of the lane). */
+  usage: Map<string, { ms: number; at: number }>;
 }
+
+/** Time constant of an organization's recent share of a lane. */
+const USAGE_TAU_MS = 30_000;
 
 /** An admitted request: its planned work, until it ends. Release it in `finally` (an abort releases it too). */
 export interface AdmittedWork {
@@ -232,7 +237,7 @@ export class InferencePool {
       // A worker that fails with no task in hand is reported as an 'error'
       // event; unhandled, EventEmitter would take the whole process down.
       pool.on("error", (err: unknown) => console.error(`[assay] inference lane ${index}: ${String(err)}`));
-      return { index, pool, opts: o, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>() };
+      return { index, pool, opts: o, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
     });
     metrics.queueSources.add(this.queueSource);
   }
@@ -291,6 +296,23 @@ export class InferencePool {
     return { aheadMs, byOrg, totalMs };
   }
 
+  /** Each organization's recent share of the lane's time (0–1). */
+  private rates(lane: Lane, now: number): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const [org, u] of lane.usage) {
+      const ms = u.ms * Math.exp(-(now - u.at) / USAGE_TAU_MS);
+      if (ms < 1) lane.usage.delete(org);
+      else out.set(org, ms / USAGE_TAU_MS);
+    }
+    return out;
+  }
+
+  private recordUsage(lane: Lane, org: string, ms: number, now: number): void {
+    const u = lane.usage.get(org);
+    const prev = u ? u.ms * Math.exp(-(now - u.at) / USAGE_TAU_MS) : 0;
+    lane.usage.set(org, { ms: prev + ms, at: now });
+  }
+
   /** Tokens and estimated ms admitted and not yet started, over all lanes (assay_inference_queue_tokens). */
   pending(): { tokens: number; ms: number } {
     let tokens = 0;
@@ -341,7 +363,7 @@ export class InferencePool {
     const lane = this.pick();
     const now = performance.now();
     const b = this.backlog(lane, now);
-    const waitMs = fairFinishMs(req.org, ownMs, b.aheadMs, b.byOrg) - ownMs;
+    const waitMs = fairFinishMs(req.org, ownMs, b.aheadMs, b.byOrg, this.rates(lane, now)) - ownMs;
     const d = req.deadline;
     const elapsedMs = d ? now - d.arrivedAt : 0;
     const numbers = { ownMs, waitMs, elapsedMs, defaultMs: d?.defaultMs ?? 0, maxMs: d?.maxMs ?? 0 };
@@ -485,6 +507,8 @@ export class InferencePool {
         },
       )
       .finally(() => {
+        const now = performance.now();
+        if (job.bounded) this.recordUsage(lane, job.org, now - lane.runningSince, now);
         lane.running = null;
         this.dispatch(lane);
       });

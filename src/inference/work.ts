@@ -9,7 +9,8 @@ import type { PassShape } from "./cost.js";
  * pool estimates its own work (`ownMs`, from each build's cost model) and the
  * work that will run before it finishes (`waitMs`: the running pass's rest,
  * queued loads, and under fair queueing its own organization's backlog plus
- * each other organization's backlog up to as much again). Then:
+ * each other organization's work, queued and still to come at its recent
+ * rate, up to as much again). Then:
  *
  *   deadline = min(cap, max(default, ownMs × DEADLINE_MARGIN))
  *   ownMs × SAFETY                             > deadline  → 422 (too large for this server: only possible
@@ -89,14 +90,33 @@ export function judge(i: { ownMs: number; waitMs: number; elapsedMs: number; def
  * Estimated ms from now until a request of `ownMs` from `org` finishes, when
  * every organization's backlog (`backlogs`, ms) is served fairly by work and
  * `aheadMs` (the running pass, queued loads) runs first: its organization's
- * backlog and its own work, and as much of each other organization's backlog
- * as that, at most all of it.
+ * backlog and its own work, and as much of each other organization's work as
+ * that, at most all of it. Another organization's work is its backlog plus
+ * what it keeps sending meanwhile: `rates` is the share of the lane each
+ * organization used lately (0–1), so a flood's requests are not admitted as
+ * if a steady trickle of small ones from elsewhere would not cut in ahead of
+ * them (fair queueing lets it); the trickle's own requests, in turn, never
+ * wait for more of the flood than their own work.
  */
-export function fairFinishMs(org: string, ownMs: number, aheadMs: number, backlogs: ReadonlyMap<string, number>): number {
+export function fairFinishMs(
+  org: string,
+  ownMs: number,
+  aheadMs: number,
+  backlogs: ReadonlyMap<string, number>,
+  rates: ReadonlyMap<string, number> = new Map(),
+): number {
   const mine = (backlogs.get(org) ?? 0) + ownMs;
-  let others = 0;
-  for (const [o, b] of backlogs) if (o !== org) others += Math.min(b, mine);
-  return aheadMs + mine + others;
+  const others = new Set([...backlogs.keys(), ...rates.keys()]);
+  others.delete(org);
+  // T = ahead + mine + Σ min(backlog + rate · T, mine): a fixed point, reached from below in a few steps.
+  let t = aheadMs + mine;
+  for (let k = 0; k < 20; k++) {
+    let next = aheadMs + mine;
+    for (const o of others) next += Math.min((backlogs.get(o) ?? 0) + Math.min(0.95, rates.get(o) ?? 0) * t, mine);
+    if (Math.abs(next - t) < 1) return next;
+    t = next;
+  }
+  return t;
 }
 
 const seconds = (ms: number) => (ms >= 10_000 ? `${Math.round(ms / 1000)} s` : `${(ms / 1000).toFixed(1)} s`);

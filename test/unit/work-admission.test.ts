@@ -219,4 +219,16 @@ describe("the admission policy", () => {
     // The flooding organization's next request waits behind its own backlog and all of the others'.
     expect(fairFinishMs("flood", 500, 1_000, backlogs)).toBe(1_000 + 100_500 + 300);
   });
+
+  it("fair finish counts what other organizations keep sending at their recent rate, never more than the request's own share", () => {
+    const backlogs = new Map([["flood", 20_000]]);
+    const rates = new Map([
+      ["flood", 0.8],
+      ["trickle", 0.2],
+    ]);
+    // The flood's next request: the trickle takes a fifth of the lane meanwhile, T = (1,000 + 20,500) / 0.8.
+    expect(fairFinishMs("flood", 500, 1_000, backlogs, rates)).toBeCloseTo(21_500 / 0.8, -1);
+    // The trickle's request waits for no more of the flood than its own 500 ms, whatever the flood's rate.
+    expect(fairFinishMs("trickle", 500, 1_000, backlogs, rates)).toBe(1_000 + 500 + 500);
+  });
 });
