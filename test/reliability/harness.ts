@@ -5,7 +5,7 @@
  * on a status, and small request bodies (a sentence of state, one or two
  * questions: ~0.2–0.5 s each on 2 CPU cores).
  *
- *   ASSAY_RELIABILITY=full   10-minute load, 10,000 fuzz cases (npm run reliability)
+ *   ASSAY_RELIABILITY=full   10-minute load and overload, 10,000 fuzz cases (npm run reliability)
  *   unset                    the short CI form (npm test)
  */
 import { spawn, type ChildProcess } from "node:child_process";
@@ -26,6 +26,8 @@ export const FIGURES = {
   fuzzCases: Number(process.env.ASSAY_RELIABILITY_FUZZ_CASES ?? (FULL ? 10_000 : 500)),
   /** Seconds of load before the server is SIGKILLed. */
   loadBeforeKillSeconds: FULL ? 20 : 4,
+  /** The overload test's flooding time, seconds (the goal is stated for 10 minutes). */
+  overloadSeconds: Number(process.env.ASSAY_RELIABILITY_OVERLOAD_SECONDS ?? (FULL ? 600 : 20)),
   /** Bytes streamed in the oversized-body test. */
   oversizedBytes: (FULL ? 256 : 64) * 1024 * 1024,
 } as const;
