@@ -14,7 +14,7 @@ import {
 } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { CodeSearchFit, familyFit, type FamilyEnv } from "./types.js";
-import { workRequest } from "../inference/work.js";
+import { likelyEscalated, workRequest } from "../inference/work.js";
 import { encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
@@ -110,11 +110,11 @@ export async function runCodeSearch(
     // (prefix + longest) scores) stays near 1 GB. An item longer than that
     // (up to the 8,192-token item limit) gets a pass of its own.
     const limit = Math.min(fam.maxPackedTokens, PASS_TOKENS);
-    // Admission by estimated work before the hold (529 / 422 hold nothing). Like
-    // the hold, it counts the worst case, every scored item re-read by the large
-    // build, so an admitted request finishes whatever the small build is unsure of.
-    const planned = [...plannedPasses(first, enc, limit, scored), ...(large && encLarge ? plannedPasses(large, encLarge, limit, scored) : [])];
-    const work = fam.pool.admit(planned, workRequest(ctx));
+    // Admission by estimated work before the hold (529 / 422 hold nothing): the
+    // small build's passes, and the large build's for the share of items that
+    // may escalate (replanned with the actual ones once they are known).
+    const escalating = large && encLarge ? plannedPasses(large, encLarge, limit, likelyEscalated(scored, (i) => encLarge.suffixTokens[i]!)) : [];
+    const work = fam.pool.admit([...plannedPasses(first, enc, limit, scored), ...escalating], workRequest(ctx));
     try {
       // The hold covers the worst case: every scored item re-sent to the large build.
       await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
@@ -132,6 +132,7 @@ export async function runCodeSearch(
           band,
           () => fam.acquire(model.escalateTo!, env.model),
           async (idx) => {
+            work.replan(plannedPasses(large, encLarge, limit, idx));
             const r = await scoreYesNo(fam.pool, large, encLarge, limit, ctx, idx);
             inputTokens += billed(encLarge, idx);
             return idx.map((i) => r.p[i]!);

@@ -8,7 +8,7 @@ import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv } from "./types.js";
-import { workRequest } from "../inference/work.js";
+import { likelyEscalated, workRequest } from "../inference/work.js";
 import { branchCost, encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
@@ -126,11 +126,13 @@ export async function runFactCheck(
         );
       }
     });
-    // Admission by estimated work before the hold (529 / 422 hold nothing), for
-    // the worst case like the hold: every claim over every window, and all of
-    // them again with the large build.
-    const plan = (d: EncodedDocument) => d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, all));
-    const work = fam.pool.admit([...plan(small), ...(big ? plan(big) : [])], workRequest(ctx));
+    // Admission by estimated work before the hold (529 / 422 hold nothing): every
+    // claim over every window, and with the large build the share of claims that
+    // may escalate (replanned with the actual ones once they are known).
+    const plan = (d: EncodedDocument, which: readonly number[]) =>
+      d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which));
+    const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
+    const work = fam.pool.admit([...plan(small, all), ...escalating], workRequest(ctx));
     try {
       // The hold covers the worst case: every claim re-read by the large build.
       await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));
@@ -153,6 +155,7 @@ export async function runFactCheck(
           band,
           () => fam.acquire(model.escalateTo!, env.model),
           async (idx) => {
+            work.replan(plan(big, idx));
             const r = await scoreClaims(fam, big, idx, ctx);
             tokens += r.tokens;
             idx.forEach((i) => {

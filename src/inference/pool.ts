@@ -13,7 +13,7 @@ import { CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape 
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
 import type { InferOk, InferTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
-import { fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type WorkRequest } from "./work.js";
+import { fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type RequestDeadline, type WorkRequest } from "./work.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
 export const WORKER_FILE = path.join(ROOT, "dist", "src", "inference", "worker.js");
@@ -97,6 +97,12 @@ export interface AdmittedWork {
   readonly waitMs: number;
   /** The deadline it was admitted under, ms from arrival; null without one (CLI, batch). */
   readonly deadlineMs: number | null;
+  /**
+   * The passes still to run are now known to be `passes` (an escalation's
+   * actual items): they replace the rest of the plan, and the deadline is
+   * raised if the request's own work now needs more (up to the cap).
+   */
+  replan(passes: readonly PlannedPass[]): void;
   release(): void;
 }
 
@@ -109,13 +115,18 @@ class Work implements AdmittedWork {
   readonly seq = Work.nextSeq++;
   private readonly onRelease: Array<() => void> = [];
 
+  /** Estimated ms of the passes it has queued so far. */
+  private consumedMs = 0;
+
   constructor(
     readonly org: string,
     readonly lane: Lane,
-    readonly estimateMs: number,
+    public estimateMs: number,
     tokens: number,
     readonly waitMs: number,
-    readonly deadlineMs: number | null,
+    public deadlineMs: number | null,
+    private readonly pool: Pick<InferencePool, "estimate">,
+    private readonly deadline: RequestDeadline | undefined,
   ) {
     this.remainingMs = estimateMs;
     this.remainingTokens = tokens;
@@ -123,8 +134,23 @@ class Work implements AdmittedWork {
 
   /** A planned pass was queued: its estimate moves from the plan to the queue. */
   consume(ms: number, tokens: number): void {
+    this.consumedMs += ms;
     this.remainingMs = Math.max(0, this.remainingMs - ms);
     this.remainingTokens = Math.max(0, this.remainingTokens - tokens);
+  }
+
+  replan(passes: readonly PlannedPass[]): void {
+    if (this.released) return;
+    this.remainingMs = this.pool.estimate(passes);
+    this.remainingTokens = passes.reduce((s, p) => s + p.shape.tokens, 0);
+    this.estimateMs = this.consumedMs + this.remainingMs;
+    const d = this.deadline;
+    if (!d || this.deadlineMs === null) return;
+    const j = judge({ ownMs: this.estimateMs, waitMs: 0, elapsedMs: 0, defaultMs: d.defaultMs, maxMs: d.maxMs });
+    if (j.deadlineMs > this.deadlineMs) {
+      this.deadlineMs = j.deadlineMs;
+      d.admitted({ deadlineMs: j.deadlineMs, ownMs: this.estimateMs, waitMs: this.waitMs });
+    }
   }
 
   whenReleased(fn: () => void): void {
@@ -379,7 +405,7 @@ export class InferencePool {
       throw refusal(j.refused, j, { ...numbers, waiting });
     }
     if (d && j) d.admitted({ deadlineMs: j.deadlineMs, ownMs, waitMs });
-    const work = new Work(req.org, lane, ownMs, tokens, waitMs, j?.deadlineMs ?? null);
+    const work = new Work(req.org, lane, ownMs, tokens, waitMs, j?.deadlineMs ?? null, this, d);
     lane.works.add(work);
     const signal = req.signal;
     if (signal) {

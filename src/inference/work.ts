@@ -42,9 +42,11 @@ export interface RequestDeadline {
   /** ASSAY_REQUEST_TIMEOUT_MAX_MS: no deadline is raised past it. */
   maxMs: number;
   /**
-   * Called once when the request is admitted, before any model work: the
-   * deadline it was given (ms from arrival: the default, or more for a request
-   * whose own work needs it) and the estimates it was admitted on.
+   * Called when the request is admitted, before any model work: the deadline
+   * it was given (ms from arrival: the default, or more for a request whose
+   * own work needs it) and the estimates it was admitted on; and again, with
+   * a later deadline, if its planned work grows while it runs (more items to
+   * escalate than planned). Never with an earlier one.
    */
   admitted(a: { deadlineMs: number; ownMs: number; waitMs: number }): void;
 }
@@ -63,6 +65,23 @@ export interface PlannedPass {
   /** The build's model file (the pool's key for its cost model). */
   model: string;
   shape: PassShape;
+}
+
+/**
+ * Escalating families (code search and fact check base names) plan the large
+ * build's passes for this share of the items, the longest ones, when they are
+ * admitted: on the dev data 20–31% of items are unsure (bench/RESULTS.md).
+ * The credit hold still covers every item. When the small build has scored
+ * and the unsure items are known, the request replans with exactly those
+ * (`AdmittedWork.replan`), which raises its deadline if it needs more, up to
+ * the cap; it is never refused after it ran.
+ */
+export const ESCALATION_PLAN_SHARE = 0.5;
+
+/** The items planned for escalation at admission: the ESCALATION_PLAN_SHARE longest of `which`. */
+export function likelyEscalated(which: readonly number[], cost: (i: number) => number, share = ESCALATION_PLAN_SHARE): number[] {
+  const n = Math.ceil(which.length * share);
+  return [...which].sort((a, b) => cost(b) - cost(a)).slice(0, n);
 }
 
 export type RefusalReason = "deadline" | "too_large" | "queue_full";

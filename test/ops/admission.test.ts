@@ -122,6 +122,34 @@ describe("deadlines by work", () => {
   });
 });
 
+describe("replanning an admitted request", () => {
+  it("more escalated work than planned raises the deadline (never above the cap, never lowers it); release drops the plan", () => {
+    const model = engine.build("judge-latest").build.onnxPath;
+    const pass = { model, shape: { tokens: 4000, prefix: 100, branches: 30, width: 130 } };
+    const one = engine.pool.estimate([pass]);
+    const calls: { deadlineMs: number; ownMs: number }[] = [];
+    const deadline = { arrivedAt: performance.now(), defaultMs: 1, maxMs: Math.ceil(one * 20), admitted: (a: { deadlineMs: number; ownMs: number }) => calls.push(a) };
+    const ctl = new AbortController();
+    const work = engine.pool.admit([pass], { org: "replan", signal: ctl.signal, deadline });
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.deadlineMs).toBeCloseTo(one * DEADLINE_MARGIN, 0);
+    expect(engine.pool.pending().tokens).toBe(4000);
+    work.replan([pass, pass, pass]);
+    expect(calls).toHaveLength(2);
+    expect(calls[1]!.deadlineMs).toBeCloseTo(3 * one * DEADLINE_MARGIN, 0);
+    expect(engine.pool.pending().tokens).toBe(12000);
+    work.replan([pass]);
+    expect(calls).toHaveLength(2);
+    work.replan(Array(40).fill(pass));
+    expect(calls.at(-1)!.deadlineMs).toBe(Math.ceil(one * 20));
+    // A cancelled request's plan is no longer work ahead of anyone.
+    ctl.abort();
+    expect(engine.pool.pending().tokens).toBe(0);
+    expect(engine.pool.admitted).toBe(0);
+    work.release();
+  });
+});
+
 describe("fair between organizations", () => {
   it("one organization's queue does not delay another's single request: it runs next", async () => {
     t = await makeOpsApp(engine);
@@ -180,6 +208,28 @@ describe("cancellation of a request split into several passes", () => {
       ["hold", null],
       ["release", "error 504 TIMEOUT"],
     ]);
+  });
+});
+
+describe("the families go through the same admission", () => {
+  it("fact check and code search requests are admitted with a deadline and answered; nothing stays planned", async () => {
+    t = await makeOpsApp(engine);
+    const fc = await post({
+      model: "judge-factcheck-lite",
+      state: "The parcel left the warehouse on Monday and arrived on Friday, with the box crushed.",
+      questions: { c0: { type: "noul", instructions: "The parcel arrived on Friday." } },
+    });
+    expect(fc.statusCode, fc.body).toBe(200);
+    expect(Number(fc.headers["x-deadline-time"])).toBeGreaterThanOrEqual(60_000);
+    const cs = await post({
+      model: "judge-codegrep-lite",
+      state: { query: "Where is the delivery date parsed?", items: [{ id: "n0", path: "src/delivery.py", kind: "file", filePreview: { text: "def parse_date(s): ..." } }] },
+      questions: { q0: { type: "noul" } },
+    });
+    expect(cs.statusCode, cs.body).toBe(200);
+    expect(Number(cs.headers["x-estimated-time"])).toBeGreaterThan(0);
+    expect(engine.pool.admitted).toBe(0);
+    expect(engine.pool.pending()).toEqual({ tokens: 0, ms: 0 });
   });
 });
 

@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 import { CostModel, againstShortPrefix, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
 import { FairQueue } from "../../src/inference/fair-queue.js";
 import { pack } from "../../src/inference/pack.js";
-import { DEADLINE_MARGIN, SAFETY, fairFinishMs, judge, refusal } from "../../src/inference/work.js";
+import { DEADLINE_MARGIN, SAFETY, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
 
 const shape = (prefix: number, branches: number, width: number): PassShape => ({ tokens: prefix + branches * width, prefix, branches, width });
 
@@ -230,5 +230,14 @@ describe("the admission policy", () => {
     expect(fairFinishMs("flood", 500, 1_000, backlogs, rates)).toBeCloseTo(21_500 / 0.8, -1);
     // The trickle's request waits for no more of the flood than its own 500 ms, whatever the flood's rate.
     expect(fairFinishMs("trickle", 500, 1_000, backlogs, rates)).toBe(1_000 + 500 + 500);
+  });
+});
+
+describe("escalation planned at admission", () => {
+  it("plans the longest half of the items for the large build", () => {
+    const cost = [10, 500, 40, 300, 20];
+    expect(likelyEscalated([0, 1, 2, 3, 4], (i) => cost[i]!).sort()).toEqual([1, 2, 3]);
+    expect(likelyEscalated([0, 2, 4], (i) => cost[i]!)).toEqual([2, 4]);
+    expect(likelyEscalated([], (i) => cost[i]!)).toEqual([]);
   });
 });
