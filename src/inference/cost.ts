@@ -16,7 +16,7 @@ import type { PackedTensors } from "./pack.js";
  * The three coefficients are a least-squares fit on relative error over the
  * passes the build has run, older passes weighing less and less (a factor
  * FORGET per pass), so the estimate follows the machine when its load
- * changes. Before the first pass the fit stands on three pseudo-passes drawn
+ * changes. Before the first pass the fit stands on four pseudo-passes drawn
  * from a prior (the build's size, the provider and the threads); they fade
  * like real passes but never quite to zero, and they follow the speed the
  * real passes show (the prior's proportions at the measured pace), which
@@ -104,13 +104,16 @@ export function priorCoefficients(facts: BuildFacts | null, provider: "cpu" | "c
 /** Per-pass weight decay: the last ~10 passes make most of the estimate. */
 const FORGET = 0.9;
 /** What the prior's pseudo-passes weigh at the start, and the floor they decay to (in passes). */
-const PRIOR_WEIGHT = 1;
+const PRIOR_WEIGHT = 3;
 const PRIOR_FLOOR = 0.02;
-/** Pseudo-passes: a short request, a mid-size state with questions, a long state. */
+/** The pace starts at the prior's, as if it had run this many milliseconds of passes at it. */
+const SPEED_PRIOR_MS = 1_000;
+/** Pseudo-passes: a short request, a mid-size state with questions, many code search items, a long state. */
 const PRIOR_SHAPES: PassShape[] = [
   { tokens: 160, prefix: 120, branches: 2, width: 20 },
   { tokens: 1_200, prefix: 700, branches: 16, width: 32 },
-  { tokens: 6_000, prefix: 5_000, branches: 8, width: 120 },
+  { tokens: 4_000, prefix: 200, branches: 12, width: 320 },
+  { tokens: 8_000, prefix: 7_000, branches: 8, width: 120 },
 ];
 
 const features = (s: PassShape): [number, number, number] => [1, s.tokens, attentionPairs(s)];
@@ -121,7 +124,10 @@ export class CostModel {
   private readonly xx = [0, 0, 0, 0, 0, 0, 0, 0, 0];
   private readonly xy = [0, 0, 0];
   private priorWeight = PRIOR_WEIGHT;
-  /** Decayed Σ w and Σ w·log(measured / prior estimate): how much slower or faster than the prior this machine runs now. */
+  /**
+   * Decayed Σ w·size and Σ w·size·log(measured / prior estimate), size = the prior's estimate of the
+   * pass: how much slower or faster than the prior this machine runs now (a size-weighted geometric mean).
+   */
   private ratioWeight = 0;
   private logRatioSum = 0;
   private coef: CostCoefficients;
@@ -147,21 +153,27 @@ export class CostModel {
     for (let i = 0; i < 9; i++) this.xx[i]! *= FORGET;
     for (let i = 0; i < 3; i++) this.xy[i]! *= FORGET;
     this.priorWeight = Math.max(PRIOR_FLOOR, this.priorWeight * FORGET);
-    this.ratioWeight = this.ratioWeight * FORGET + 1;
-    this.logRatioSum = this.logRatioSum * FORGET + Math.log(ms / Math.max(1e-6, estimateWith(this.prior, s)));
+    // The pace is weighed by the pass's size: a 30 ms warm-up pass, mostly fixed overhead, must not
+    // scale the estimate of an 8,000-token pass.
+    const size = Math.max(1e-6, estimateWith(this.prior, s));
+    this.ratioWeight = this.ratioWeight * FORGET + size;
+    this.logRatioSum = this.logRatioSum * FORGET + size * Math.log(ms / size);
     this.accumulate(this.xx, this.xy, s, ms, 1);
     this.passes++;
     this.coef = this.fit();
   }
 
   /**
-   * Weights 1/(prior estimate)²: errors count relative to the size of the
-   * shape, not of the time measured (which would favour the faster passes).
+   * Errors count relative to the size of the shape (the prior's estimate,
+   * not the time measured, which would favour the faster passes), and each
+   * pass counts in proportion to its size up to a second: a stream of tiny
+   * passes, mostly fixed overhead, does not outvote the passes that make the
+   * queue long.
    */
   private accumulate(xx: number[], xy: number[], s: PassShape, y: number, weight: number): void {
     const x = features(s);
     const size = Math.max(1e-6, estimateWith(this.prior, s));
-    const w = weight / (size * size);
+    const w = (weight * Math.min(1, size / 1000)) / (size * size);
     for (let i = 0; i < 3; i++) {
       for (let j = 0; j < 3; j++) xx[i * 3 + j]! += w * x[i]! * x[j]!;
       xy[i]! += w * x[i]! * y;
@@ -174,7 +186,7 @@ export class CostModel {
     // The pseudo-passes keep the prior's proportions between shapes, at the
     // speed the real passes show: a machine twice as loaded is twice as slow
     // on shapes it has not run lately too.
-    const speed = this.ratioWeight > 0 ? Math.exp(this.logRatioSum / this.ratioWeight) : 1;
+    const speed = Math.exp(this.logRatioSum / (this.ratioWeight + SPEED_PRIOR_MS));
     for (const s of PRIOR_SHAPES) this.accumulate(xx, xy, s, speed * estimateWith(this.prior, s), this.priorWeight);
     // Non-negative least squares over three unknowns: solve on the free set,
     // pin a negative coefficient at zero and solve again.

@@ -88,6 +88,16 @@ describe("the cost model", () => {
     expect(m.estimate(s) / base).toBeGreaterThan(1.8);
   });
 
+  it("a slow warm-up pass (mostly fixed overhead) moves the small shapes, not the estimate of a large pass", () => {
+    const m = new CostModel(prior);
+    const tiny = shape(20, 1, 8);
+    const large = shape(8000, 4, 40);
+    const before = m.estimate(large);
+    m.observe(tiny, 3 * m.estimate(tiny));
+    expect(m.estimate(tiny)).toBeGreaterThan(2 * new CostModel(prior).estimate(tiny));
+    expect(m.estimate(large) / before).toBeLessThan(1.1);
+  });
+
   it("ignores timings that are not a positive finite number", () => {
     const m = new CostModel(prior);
     const before = m.estimate(shape(300, 2, 10));
