@@ -151,7 +151,7 @@ function errorDescription(status: number): string {
     502: "The model failed (the worker was replaced); retry with backoff.",
     503: "A model is starting, or the service is draining or briefly unavailable. No charge.",
     504: "The request exceeded its deadline; its queued work was dropped. No charge.",
-    529: "The model is busy (inference queue full); retry after about one second.",
+    529: "The model is busy: the request would not finish by its deadline behind the work already admitted (or the queue is full); refused before any work. Retry-After gives seconds. No charge.",
   };
   return texts[status] ?? `HTTP ${status}`;
 }
