@@ -112,9 +112,10 @@ export function prepare(
       const mine = [encoded.length];
       // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
       encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
-      for (const v of q.variants ?? []) {
+      for (const [j, v] of (q.variants ?? []).entries()) {
         mine.push(encoded.length);
-        encoded.push({ suffix: lb.tokenizer.encode(v), labels, terminator: lb.terminator, billed: false });
+        const own = q.variantLabels?.[j];
+        encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
       }
       blocks.push(mine);
     }
@@ -304,9 +305,14 @@ export class EnginePipeline implements Pipeline {
       const w = fit?.prior?.[q.type] ?? 0;
       const readings = (q.blocks ?? [i]).map((b, j) => {
         const option = q.blockOptions?.[j] ?? q.option;
-        const lp = optionLogprobs(q, lps[b]!, option);
+        // Score level names differ in length ("negative", "very negative"):
+        // a level is read by its mean log-probability per token, so that a
+        // longer name is not penalised for its length (the readout study).
+        const perToken = (xs: readonly number[]) =>
+          q.type === "score" && prepared.encoded ? xs.map((x, l) => x / Math.max(1, prepared.encoded![b]!.labels[l]!.length)) : xs;
+        const lp = optionLogprobs(q, perToken(lps[b]!), option);
         const prior = priors.get(b);
-        return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, prior, option), w) : lp;
+        return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, perToken(prior), option), w) : lp;
       });
       if (readings.some((lp) => lp.some((x) => !Number.isFinite(x)))) {
         throw new AssayError("MODEL_FAILED", `the model returned non-finite log-probabilities for question "${q.id}"`);

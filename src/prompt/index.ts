@@ -42,6 +42,8 @@ export interface QuestionPrompt {
    * in every presentation, but "1" names another option in each.
    */
   variantOptions?: number[][];
+  /** Labels of each variant, when some variant reads other labels than `labels` (a score question's numbered presentations). */
+  variantLabels?: string[][];
   /**
    * The suffix with the options in the caller's order, when the first
    * presentation shows them in another: what `usage.input_tokens` counts,
@@ -113,7 +115,7 @@ export function buildQuestion(
   id: string,
   q: Question,
   order?: readonly number[],
-  opts: { debiased?: boolean } = {},
+  opts: { debiased?: boolean; positions?: boolean } = {},
 ): QuestionPrompt {
   const ask = q.instructions?.trim();
   switch (q.type) {
@@ -123,7 +125,7 @@ export function buildQuestion(
       // bench/RESULTS.md issue 18: wrapping a question read near chance).
       const text = ask && ask.length > 0 ? ask : "The state is correct and acceptable.";
       const asked = /\?\s*$/.test(text);
-      const lines = [asked ? `Question: ${text}` : `Statement: ${text}`];
+      const lines = asked ? ["Based on the state above, answer the question.", `Question: ${text}`] : [`Statement: ${text}`];
       if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
       if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
       lines.push(asked ? "Answer yes or no." : "Is the statement true of the state? Answer yes or no.");
@@ -189,9 +191,23 @@ export function buildQuestion(
         lines.push("Answer with the level number only.");
         return optionQuestion(style, id, "score", lines, numbers);
       }
-      // Short, distinct level names are read as the answer itself: a small
-      // model picks a number by habit (measured on SST-5: the same number for
-      // every review), while it reads "very negative" … "very positive" by meaning.
+      if (opts.positions) {
+        // The levels numbered by where they are listed, the number read: the
+        // same texts for a scale and for its reverse (numbers follow the
+        // list, not the caller's level numbers), so the answer stays mirrored.
+        lines[1] = "Levels:";
+        shown.forEach((i, j) => lines.push(`${j + 1}. ${q.criteria[i]!}`));
+        lines.push("Answer with the number of the level only.");
+        return {
+          id,
+          type: "score",
+          suffix: closeTurn(style, lines.join("\n")),
+          labels: shown.map((_, j) => label(style, String(j + 1))),
+          option: shown.slice(),
+          keys: numbers,
+        };
+      }
+      // Short, distinct level names are read as the answer itself, by meaning.
       for (const i of shown) lines.push(`- ${q.criteria[i]!}`);
       lines.push("Answer with the level name only.");
       return { ...optionQuestion(style, id, "score", lines, q.criteria), keys: numbers };
@@ -272,19 +288,34 @@ export function buildPrompt(
       const debiased = debias.mode !== "off";
       const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first, { debiased });
       const others = rest.map((o) => buildQuestion(style, id, q, o, { debiased }));
+      // Named score levels are also read by their listed position, both ways
+      // (the readout study, bench/RESULTS.md issue 18: names and numbers
+      // err differently, and their average beats either).
+      if (debiased && q.type === "score" && shortNames(q.criteria) && rest.length > 0) {
+        for (const o of [first!, ...rest]) others.push(buildQuestion(style, id, q, o, { debiased, positions: true }));
+      }
       const plain = debiased ? buildQuestion(style, id, q).suffix : main.suffix;
       const own = plain === main.suffix ? null : plain;
       // The labels are read in a canonical order too (sorted by text), so
       // that the packed label trie, and with it the arithmetic, is the same
       // whatever order the caller wrote the options in.
-      const canon = debias.mode === "off" || q.type === "noul" ? null : main.labels.map((_, i) => i).sort((a, b) => (main.labels[a]! < main.labels[b]! ? -1 : 1));
+      const sortLabels = (labels: string[]) => labels.map((_, i) => i).sort((a, b) => (labels[a]! < labels[b]! ? -1 : 1));
+      const canonical = debias.mode !== "off" && q.type !== "noul";
+      const canon = canonical ? sortLabels(main.labels) : null;
       const reorder = (option: number[]) => (canon ? canon.map((i) => option[i]!) : option);
-      const moved = others.some((v) => v.option.some((o, i) => o !== main.option[i]));
+      const sameLabels = others.every((v) => v.labels.length === main.labels.length && v.labels.every((l, i) => l === main.labels[i]));
+      // Variants with labels of their own carry them (sorted the same way) with their option maps.
+      const own2 = others.map((v) => {
+        const c = canonical ? sortLabels(v.labels) : v.labels.map((_, i) => i);
+        return { labels: c.map((i) => v.labels[i]!), option: c.map((i) => v.option[i]!) };
+      });
+      const moved = !sameLabels || others.some((v) => v.option.some((o, i) => o !== main.option[i]));
       return {
         ...main,
         ...(canon ? { labels: canon.map((i) => main.labels[i]!), option: reorder(main.option) } : {}),
         ...(others.length > 0 ? { variants: others.map((v) => v.suffix) } : {}),
-        ...(moved ? { variantOptions: others.map((v) => reorder(v.option)) } : {}),
+        ...(moved ? { variantOptions: sameLabels ? others.map((v) => reorder(v.option)) : own2.map((v) => v.option) } : {}),
+        ...(!sameLabels ? { variantLabels: own2.map((v) => v.labels) } : {}),
         ...(own !== null ? { billedSuffix: own } : {}),
       };
     }),

@@ -87,8 +87,20 @@ describe("debiased prompts", () => {
     const [up, down] = suffixes(q, CYCLIC);
     expect(up).toMatch(/Levels:\n- negative\n- neutral\n- positive\n/);
     expect(down).toMatch(/Levels:\n- positive\n- neutral\n- negative\n/);
+    // Also read by listed position, both ways: numbered 1… from the top of each list.
+    const all = suffixes(q, CYCLIC);
+    expect(all).toHaveLength(4);
+    expect(all[2]).toMatch(/Levels:\n1\. negative\n2\. neutral\n3\. positive\nAnswer with the number of the level only\./);
+    expect(all[3]).toMatch(/Levels:\n1\. positive\n2\. neutral\n3\. negative\n/);
     const rev: Question = { ...q, criteria: ["positive", "neutral", "negative"] };
-    expect([...suffixes(rev, CYCLIC)].sort()).toEqual([up, down].sort());
+    expect([...suffixes(rev, CYCLIC)].sort()).toEqual([...all].sort());
+    const p = buildPrompt(CHATML, "s", { q }, CYCLIC).questions[0]!;
+    expect(p.variantLabels).toEqual([["negative", "neutral", "positive"], ["1", "2", "3"], ["1", "2", "3"]]);
+    // "1" is level 0 when listed up, level 2 when listed down.
+    expect(p.variantOptions!.slice(1)).toEqual([
+      [0, 1, 2],
+      [2, 1, 0],
+    ]);
     // Billing reads the caller's own wording (with its direction words).
     expect(buildPrompt(CHATML, "s", { q }, CYCLIC).questions[0]!.billedSuffix).toMatch(/from lowest to highest/);
     // Without debiasing the direction is stated as before.
