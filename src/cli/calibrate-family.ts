@@ -212,10 +212,40 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         return { pooled, escalated };
       };
       const ece = (x: { p: number[]; y: boolean[] } | undefined) => (x ? binaryScore(x.p, x.y).ece : Infinity);
+      // Leave-one-dataset-out (the set is the claim id's prefix: summedits-…, wice-…): each set
+      // scored with a Platt map fitted on the others only. k-fold by document shares the set's
+      // source and label balance and overstated what unseen rows showed (issue 18).
+      const setOf = (i: ScoredItem) => i.id.split("-")[0]!;
+      const lodo = (xs: ScoredItem[]) => {
+        const sets = [...new Set(xs.map(setOf))];
+        const out = { raw: { p: [] as number[], y: [] as boolean[] }, map: { p: [] as number[], y: [] as boolean[] }, rows: [] as NameFigures[] };
+        if (sets.length < 2) return null;
+        for (const d of sets) {
+          const te = xs.filter((i) => setOf(i) === d);
+          const pl = fitFactCheckPlatt(xs.filter((i) => setOf(i) !== d));
+          const p = te.map((i) => cal(pl, i.raw));
+          const y = te.map((i) => i.label);
+          out.raw.p.push(...te.map((i) => i.raw));
+          out.raw.y.push(...y);
+          out.map.p.push(...p);
+          out.map.y.push(...y);
+          const a = binaryScore(p, y);
+          const b = binaryScore(te.map((i) => i.raw), y);
+          out.rows.push({ name: d, n: a.n, "bal. acc": a.balancedAccuracy, "ECE before": b.ece, "ECE after": a.ece, AUROC: a.auroc });
+        }
+        return out;
+      };
       const probe = crossValidate(true, true);
-      // A map that does not lower the held-out ECE is not shipped: the build keeps identity.
-      const useSmall = ece(probe.pooled["lite"]) < ece(probe.pooled["lite raw"]);
-      const useLarge = large !== null && ece(probe.pooled["max"]) < ece(probe.pooled["max raw"]);
+      const lodoSmall = lodo(small);
+      const lodoLarge = large ? lodo(large) : null;
+      // A map ships only where it lowers the held-out ECE: leave-one-dataset-out where the data
+      // holds several sets, k-fold by document otherwise. Else the build keeps identity.
+      const useSmall = lodoSmall ? ece(lodoSmall.map) < ece(lodoSmall.raw) : ece(probe.pooled["lite"]) < ece(probe.pooled["lite raw"]);
+      const useLarge = large !== null && (lodoLarge ? ece(lodoLarge.map) < ece(lodoLarge.raw) : ece(probe.pooled["max"]) < ece(probe.pooled["max raw"]));
+      for (const [b, l] of [[model.build, lodoSmall], [model.escalateTo, lodoLarge]] as const) {
+        if (!b || !l) continue;
+        report += `Leave-one-dataset-out, ${b} (Platt fitted on the other set; "before" = raw):\n\n${table(l.rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"])}\n`;
+      }
       const { pooled, escalated } = crossValidate(useSmall, useLarge);
       const rows: NameFigures[] = [];
       const row = (name: string, k: string, rawK?: string) => {

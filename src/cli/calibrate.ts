@@ -47,6 +47,8 @@ export interface CalibrateCliOptions {
   readouts?: string;
   /** Fit on the main pass of `assay eval … --calibration none` results.json files instead of running the model. */
   fromResults?: string[];
+  /** Refit from a `--readouts` file of an earlier run instead of running the model. */
+  fromReadouts?: string;
   /** Content-free prior weight per question type for the run (default: the shipped file's). */
   prior?: Record<string, number>;
   /** The neutral state each type's prior is read against (default: the shipped file's, else "N/A"). */
@@ -117,6 +119,7 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): 
 
 export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Promise<CalibrateResult> {
   if (opts.fromResults) return calibrateFromResults(opts, opts.fromResults, io);
+  if (opts.fromReadouts) return calibrateFromReadouts(opts, opts.fromReadouts, io);
   const datasets: Dataset[] = [];
   for (const file of opts.data) {
     try {
@@ -158,12 +161,8 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     const items = fitItems(runs);
     const failed = runs.reduce((n, r) => n + r.items.filter((i) => i.main === null).length, 0);
     if (failed > 0) io.stderr(`assay calibrate: ${failed} items got no answer and are left out\n`);
-    if (opts.readouts) {
-      fs.mkdirSync(path.dirname(path.resolve(opts.readouts)), { recursive: true });
-      fs.writeFileSync(opts.readouts, JSON.stringify(items));
-    }
     const limitNote = `${opts.limit !== undefined ? ` --limit ${opts.limit}` : ""}${opts.split ? ` --split ${opts.split.part}/${opts.split.of}` : ""}`;
-    return finish(opts, io, items, {
+    const header: FitHeader = {
       ...(prior ? { prior } : {}),
       ...(prior && priorState ? { prior_state: priorState } : {}),
       build_hash: manifest.build_hash,
@@ -172,7 +171,13 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
       debias: config.debias,
       debias_max_shifts: config.debiasMaxShifts,
       data: datasets.map((d) => `${path.basename(d.file)} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
-    });
+    };
+    if (opts.readouts) {
+      fs.mkdirSync(path.dirname(path.resolve(opts.readouts)), { recursive: true });
+      const saved: ReadoutsFile = { build_hash: manifest.build_hash, header, items };
+      fs.writeFileSync(opts.readouts, JSON.stringify(saved));
+    }
+    return finish(opts, io, items, header);
   } finally {
     await pipeline.close();
   }
@@ -188,6 +193,30 @@ interface FitHeader {
   debias: string;
   debias_max_shifts: number;
   data: string[];
+}
+
+/**
+ * Refit from a `--readouts` file of an earlier run (the label log-probabilities
+ * it read, under the prior it read them with): the gate and the maps again,
+ * without running the model. The file must come from this build.
+ */
+async function calibrateFromReadouts(opts: CalibrateCliOptions, file: string, io: CliIO): Promise<CalibrateResult> {
+  const config = loadConfig(io.env);
+  const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
+  if (!registry.has(opts.model)) throw new Error(`unknown model "${opts.model}"; available models: ${registry.names().join(", ")}`);
+  const resolved = registry.resolve(opts.model);
+  const manifest = readBuild(resolved.buildDir).manifest;
+  const saved = JSON.parse(fs.readFileSync(file, "utf8")) as ReadoutsFile | FitItem[];
+  if (Array.isArray(saved)) throw new Error(`${file} holds no header (build, prior): write it again with this version's --readouts`);
+  if (saved.build_hash !== manifest.build_hash) throw new Error(`${file} was read on build ${saved.build_hash}, not on ${manifest.build_hash} (${opts.model})`);
+  return finish(opts, io, saved.items, saved.header);
+}
+
+/** What `--readouts` writes: the fit items and the header of the run that read them. */
+interface ReadoutsFile {
+  build_hash: string;
+  header: FitHeader;
+  items: FitItem[];
 }
 
 async function calibrateFromResults(opts: CalibrateCliOptions, files: string[], io: CliIO): Promise<CalibrateResult> {
@@ -262,14 +291,18 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     if (kf.length === 0) continue;
     const judge = rows.length > 0 ? rows : kf;
     const keys = [...Object.keys(maps.temperatures), ...Object.keys(maps.platt)].filter((k) => k.startsWith(`${type}:`));
-    if (!(pooled(judge, (r) => r.afterTemperature.ece) < pooled(judge, (r) => r.before.ece))) {
+    // The lowest pooled held-out ECE of: identity, the temperature (noul: Platt), the temperature and the top-label map.
+    const identity = pooled(judge, (r) => r.before.ece);
+    const temperature = pooled(judge, (r) => r.afterTemperature.ece);
+    const withTop = type === "noul" ? Infinity : pooled(judge, (r) => r.after.ece);
+    if (!(Math.min(temperature, withTop) < identity)) {
       for (const k of keys) {
         delete maps.temperatures[k];
         delete maps.platt[k];
       }
       rejected.push(type);
     }
-    if (type !== "noul" && !(pooled(judge, (r) => r.after.ece) < pooled(judge, (r) => r.afterTemperature.ece) && !rejected.includes(type))) {
+    if (type !== "noul" && !(withTop < temperature && withTop < identity)) {
       for (const k of Object.keys(maps.top_label)) if (k.startsWith(`${type}:`)) delete maps.top_label[k];
       noTopLabel.push(type);
     }
@@ -333,6 +366,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
     .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
     .option("--prior-state <states>", "the neutral state each type's prior reads, e.g. score=,noul=N/A (default: the shipped file's, else N/A)", parsePriorState)
+    .option("--from-readouts <file>", "refit from a --readouts file of an earlier run on this build instead of running the model")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -354,8 +388,9 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         fromResults?: string[];
         prior?: Record<string, number>;
         priorState?: Record<string, string>;
+        fromReadouts?: string;
       }) => {
-        if (!o.data && !o.fromResults) throw new Error("give --data FILE… (or --from-results results.json…)");
+        if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE)");
         const config = loadConfig(io.env);
         const family = ModelRegistry.load(config.modelsConfig, config.modelsDir).resolve(o.model).family;
         if (family !== "general") {
@@ -391,6 +426,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
             ...(o.prior !== undefined ? { prior: o.prior } : {}),
             ...(o.priorState !== undefined ? { priorState: o.priorState } : {}),
+            ...(o.fromReadouts !== undefined ? { fromReadouts: o.fromReadouts } : {}),
           },
           io,
         );
