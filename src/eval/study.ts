@@ -19,8 +19,18 @@ import { labelIds, type LoadedBuild } from "../pipeline/build.js";
 import { pack, type EncodedQuestion } from "../inference/pack.js";
 import type { InferencePool } from "../inference/pool.js";
 import type { Dataset, EvalItem } from "./datasets.js";
-import { factcheckPrefix } from "../prompt/families.js";
 import { branchCost, planPasses } from "../families/yesno.js";
+
+/** The fact check family's prompt before issue 18 (its system text, the document first): the study's "fc" baseline. */
+const FACTCHECK_SYSTEM =
+  "You are a careful fact checker. You read a document and decide whether a claim is fully supported by it. " +
+  "A claim is supported only if everything it states can be found in or directly inferred from the document. " +
+  "Answer with exactly yes or no.";
+
+function factcheckPrefix(style: PromptStyle, document: string): string {
+  if (style.kind === "chatml") return `<|im_start|>system\n${FACTCHECK_SYSTEM}${style.end}\n<|im_start|>user\nDocument:\n${document}\n\n`;
+  return `${FACTCHECK_SYSTEM}\n\nDocument:\n${document}\n\n`;
+}
 
 /** How datasets.ts words a fact check row's claim as a general noul question. */
 const CLAIM = "The document supports this claim: ";

@@ -1,4 +1,4 @@
-import { closeTurn, label, type PromptStyle } from "./index.js";
+import { closeTurn, label, SYSTEM, type PromptStyle } from "./index.js";
 
 /**
  * Prompts of the fact check and code search families. Each is one shared
@@ -19,23 +19,20 @@ function open(style: PromptStyle, system: string, body: string): string {
 
 // ---- fact check -------------------------------------------------------------
 
-const FACTCHECK_SYSTEM =
-  "You are a careful fact checker. You read a document and decide whether a claim is fully supported by it. " +
-  "A claim is supported only if everything it states can be found in or directly inferred from the document. " +
-  "Answer with exactly yes or no.";
-
-/** The document (or one chunk of it) as the shared prefix. */
-export function factcheckPrefix(style: PromptStyle, document: string): string {
-  return open(style, FACTCHECK_SYSTEM, `Document:\n${document}\n\n`);
-}
+// The claim is asked as the general family asks a noul question about a
+// state: with the 1.5B build this read SummEdits / WiCE at balanced accuracy
+// 0.70 / 0.62 (AUROC 0.76 / 0.64), the fact checker's own wording ("Claim: …
+// Is the claim supported by the document?" under a fact checker system text)
+// 0.64 / 0.56 (the readout study, bench/RESULTS.md issue 18).
+const CLAIM_QUESTION = "The document supports this claim: ";
 
 /** The prefix around a document, for documents cut into token chunks. */
 export function factcheckPrefixParts(style: PromptStyle): { head: string; tail: string } {
-  return { head: open(style, FACTCHECK_SYSTEM, "Document:\n"), tail: "\n\n" };
+  return { head: open(style, SYSTEM, "State:\n"), tail: "\n\n" };
 }
 
 export function factcheckClaim(style: PromptStyle, claim: string): string {
-  return closeTurn(style, `Claim: ${claim.trim()}\nIs the claim supported by the document? Answer yes or no.`);
+  return closeTurn(style, `Based on the state above, answer the question.\nQuestion: ${CLAIM_QUESTION}${claim.trim()}\nAnswer yes or no.`);
 }
 
 // ---- code search ------------------------------------------------------------
@@ -53,7 +50,7 @@ export interface CodeItem {
  * (`assay calibrate`) are keyed by it, since a fit belongs to the prompt it
  * was fitted under as much as to the weights.
  */
-export const FAMILY_PROMPT_VERSION = 2;
+export const FAMILY_PROMPT_VERSION = 3;
 
 // Measured on 5 dev rows (150 items) with the 0.5B build: this framing (a bug
 // report, the item as a fenced file, "would you need to look at it") gave

@@ -57,7 +57,7 @@ export interface RequestPrompt {
   questions: QuestionPrompt[];
 }
 
-const SYSTEM =
+export const SYSTEM =
   "You are a careful, impartial judge. You read a state (text or JSON) and answer one question about it. " +
   "Answer with exactly one of the allowed labels and nothing else.";
 
@@ -120,15 +120,15 @@ export function buildQuestion(
   const ask = q.instructions?.trim();
   switch (q.type) {
     case "noul": {
-      // A question is asked as the question it is; only a statement is
-      // wrapped in "is the statement true" (BoolQ in the readout study,
-      // bench/RESULTS.md issue 18: wrapping a question read near chance).
+      // Asked as a question about the state, whether the instructions are a
+      // question or a statement: "Statement: … Is the statement true of the
+      // state?" read near chance on BoolQ and on fact check claims with the
+      // 1.5B build (the readout study, bench/RESULTS.md issue 18).
       const text = ask && ask.length > 0 ? ask : "The state is correct and acceptable.";
-      const asked = /\?\s*$/.test(text);
-      const lines = asked ? ["Based on the state above, answer the question.", `Question: ${text}`] : [`Statement: ${text}`];
+      const lines = ["Based on the state above, answer the question.", `Question: ${text}`];
       if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
       if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
-      lines.push(asked ? "Answer yes or no." : "Is the statement true of the state? Answer yes or no.");
+      lines.push("Answer yes or no.");
       // Instruct models put most of their mass on "Yes"/"No" whatever the
       // prompt's casing (measured: 75% vs 20% on the lowercase forms), so
       // both casings count for each side.

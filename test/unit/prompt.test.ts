@@ -142,19 +142,18 @@ describe("noul questions", () => {
     expect(none.suffix).not.toContain("means:");
   });
 
-  it("a question is asked as a question about the state; a statement is asked whether it is true", () => {
+  it("questions and statements alike are asked as a question about the state", () => {
     const asked = buildQuestion(CHATML, "q", { type: "noul", instructions: "Is the customer asking for a refund? " }).suffix;
     expect(asked).toMatch(/^Based on the state above, answer the question\.\nQuestion: Is the customer asking for a refund\?\nAnswer yes or no\./);
-    expect(asked).not.toContain("Statement");
     const stated = buildQuestion(CHATML, "q", { type: "noul", instructions: "The customer asks for a refund." }).suffix;
-    expect(stated).toMatch(/^Statement: The customer asks for a refund\.\nIs the statement true of the state\? Answer yes or no\./);
+    expect(stated).toMatch(/^Based on the state above, answer the question\.\nQuestion: The customer asks for a refund\.\nAnswer yes or no\./);
   });
 
   it("a missing or blank statement gets a default statement", () => {
     for (const instructions of [undefined, "", "   "]) {
       const q2: Question = instructions === undefined ? { type: "noul" } : { type: "noul", instructions };
       const p = buildQuestion(CHATML, "q", q2);
-      expect(p.suffix).toMatch(/Statement: \S/);
+      expect(p.suffix).toMatch(/Question: \S/);
     }
   });
 });
