@@ -101,7 +101,16 @@ export function fitMaps(items: readonly FitItem[]): FittedMaps {
   const maps: FittedMaps = { temperatures: {}, platt: {}, top_label: {} };
   const fitGroup = (key: string, group: readonly FitItem[]) => {
     if (group[0]!.type === "noul") {
-      maps.platt[key] = fitPlatt(group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0 })));
+      // Each set's two classes weigh the same: the intercept must carry the
+      // model's lean, not the label mix of the dev sets pooled (WiCE is two
+      // thirds "no"; a user's questions have no such base rate).
+      const count = new Map<string, number>();
+      for (const it of group) count.set(`${it.dataset}|${it.gold}`, (count.get(`${it.dataset}|${it.gold}`) ?? 0) + 1);
+      const size = new Map<string, number>();
+      for (const it of group) size.set(it.dataset, (size.get(it.dataset) ?? 0) + 1);
+      maps.platt[key] = fitPlatt(
+        group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0, w: size.get(it.dataset)! / (2 * count.get(`${it.dataset}|${it.gold}`)!) })),
+      );
       return;
     }
     maps.temperatures[key] = fitTemperature(group);

@@ -254,7 +254,21 @@ export function binaryScore(p: readonly number[], y: readonly boolean[]): Binary
   return { n: p.length, balancedAccuracy: bal, ece: reliability(conf, correct, 15).ece ?? 0, auroc: auroc(p, y) };
 }
 
+/**
+ * Platt on the claims' log-odds, each set's supported and unsupported claims
+ * weighing the same (the set is the claim id's prefix: summedits-…, wice-…):
+ * the intercept must carry the model's lean, not the dev sets' label mix
+ * (WiCE is two thirds unsupported), or a held-out set with another mix is
+ * read with the wrong threshold (issue 18).
+ */
 export function fitFactCheckPlatt(items: readonly ScoredItem[]) {
-  return fitPlatt(items.map((i) => ({ z: logit(i.raw), y: i.label })));
+  const setOf = (i: ScoredItem) => i.id.split("-")[0]!;
+  const count = new Map<string, number>();
+  const size = new Map<string, number>();
+  for (const i of items) {
+    count.set(`${setOf(i)}|${i.label}`, (count.get(`${setOf(i)}|${i.label}`) ?? 0) + 1);
+    size.set(setOf(i), (size.get(setOf(i)) ?? 0) + 1);
+  }
+  return fitPlatt(items.map((i) => ({ z: logit(i.raw), y: i.label, w: size.get(setOf(i))! / (2 * count.get(`${setOf(i)}|${i.label}`)!) })));
 }
 

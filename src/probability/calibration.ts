@@ -160,6 +160,8 @@ export function fitTemperature(items: readonly LabelledLogprobs[], opts: { l2?: 
 export interface LabelledLogOdds {
   z: number;
   y: boolean;
+  /** Weight of the item in the fit (default 1). */
+  w?: number;
 }
 
 /** Mean negative log-likelihood of σ(a·z + b). */
@@ -184,17 +186,18 @@ export function fitPlatt(items: readonly LabelledLogOdds[], opts: { l2?: number;
   if (usable.length === 0) return { a: 1, b: 0 };
   const l2 = opts.l2 ?? 1e-3;
   const minA = opts.minA ?? 1e-3;
-  const nPos = usable.filter((it) => it.y).length;
-  const nNeg = usable.length - nPos;
+  const weight = (it: LabelledLogOdds) => it.w ?? 1;
+  const nPos = usable.filter((it) => it.y).reduce((s, it) => s + weight(it), 0);
+  const n = usable.reduce((s, it) => s + weight(it), 0);
+  const nNeg = n - nPos;
   const tPos = (nPos + 1) / (nPos + 2);
   const tNeg = 1 / (nNeg + 2);
-  const n = usable.length;
   const objective = (a: number, b: number) => {
     let s = 0;
     for (const it of usable) {
       const u = a * it.z + b;
       const t = it.y ? tPos : tNeg;
-      s -= t * logSigmoid(u) + (1 - t) * logSigmoid(-u);
+      s -= weight(it) * (t * logSigmoid(u) + (1 - t) * logSigmoid(-u));
     }
     return s / n + l2 * ((a - 1) ** 2 + b * b);
   };
@@ -209,8 +212,9 @@ export function fitPlatt(items: readonly LabelledLogOdds[], opts: { l2?: number;
     for (const it of usable) {
       const p = sigmoid(a * it.z + b);
       const t = it.y ? tPos : tNeg;
-      const d = p - t;
-      const w = p * (1 - p);
+      const c = weight(it);
+      const d = c * (p - t);
+      const w = c * p * (1 - p);
       ga += d * it.z;
       gb += d;
       haa += w * it.z * it.z;

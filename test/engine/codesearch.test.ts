@@ -20,7 +20,7 @@ import { CodeSearchFit, familyFit } from "../../src/families/types.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
-import { startEngine } from "./engine.js";
+import { scheduledLargeConfig, startEngine } from "./engine.js";
 
 const SMALL = "qwen2.5-coder-0.5b";
 const LARGE = "qwen2.5-coder-1.5b";
@@ -70,7 +70,7 @@ async function status422(model: string, state: unknown, qs: Record<string, unkno
 
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-codesearch-"));
-  engine = await startEngine();
+  engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig() });
   const config = loadConfig({ ...process.env, ASSAY_DATA_DIR: dir, LOG_LEVEL: "silent" });
   accounts = new SqliteAccountsStore(dir, { startingGrantMicro: config.startingGrantMicro });
   app = buildApp({ config, pipeline: engine, accounts });

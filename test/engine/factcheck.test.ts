@@ -12,7 +12,7 @@ import { factcheckClaim, factcheckPrefixParts } from "../../src/prompt/families.
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
-import { startEngine } from "./engine.js";
+import { scheduledLargeConfig, startEngine } from "./engine.js";
 
 const SMALL = "qwen2.5-coder-0.5b";
 const LARGE = "qwen2.5-coder-1.5b";
@@ -42,7 +42,7 @@ async function status(model: string, state: unknown, qs: Record<string, unknown>
 type Detail = { raw: number; escalated: boolean; scores: Record<string, number>; chunk: number; chunks: number };
 
 beforeAll(async () => {
-  engine = await startEngine({ ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
+  engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig(), ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
 });
 
 afterAll(async () => {
