@@ -73,22 +73,6 @@ describe("fact check", () => {
     expect(res.usage.input_tokens).toBe(expected);
   });
 
-  it("reads a long document in overlapping chunks and finds a claim supported only at its end", async () => {
-    const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
-    const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
-    const lb = engine.build("judge-factcheck-lite");
-    const chunks = chunkRanges(lb.tokenizer.encode(long).length, CHUNK, OVERLAP).length;
-    expect(chunks).toBeGreaterThan(1);
-    const res = await ask("judge-factcheck-lite", long, {
-      coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
-    });
-    const d = (res.details as Record<string, Detail>).coin!;
-    expect(d.chunks).toBe(chunks);
-    expect(d.chunk).toBe(chunks - 1);
-    // Every chunk is read: the document is billed in full, overlaps included.
-    expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
-  });
-
   it("refuses what is not a fact check request with 422", async () => {
     expect(await status("judge-factcheck-lite", { doc }, { a: { type: "noul", instructions: "x" } })).toEqual([
       422,
@@ -113,6 +97,24 @@ describe("fact check", () => {
     const p = (q: string) => (res.answers[q] as { noul: number }).noul;
     expect(p("a")).toBeGreaterThan(p("b"));
     expect(Object.keys((res.details as Record<string, Detail>).a!.scores)).toEqual([LARGE]);
+  });
+
+  it("reads a long document in overlapping chunks and finds a claim supported only at its end (judge-factcheck-max)", async () => {
+    // The large build (loaded by the test above): with the 0.5B the filler's own "yes" lean (raw 0.56) outbids
+    // the window that holds the claim, since the family reads no content-free prior yet (bench/RESULTS.md, issue 18).
+    const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
+    const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
+    const lb = engine.build("judge-factcheck-max");
+    const chunks = chunkRanges(lb.tokenizer.encode(long).length, CHUNK, OVERLAP).length;
+    expect(chunks).toBeGreaterThan(1);
+    const res = await ask("judge-factcheck-max", long, {
+      coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
+    });
+    const d = (res.details as Record<string, Detail>).coin!;
+    expect(d.chunks).toBe(chunks);
+    expect(d.chunk).toBe(chunks - 1);
+    // Every chunk is read: the document is billed in full, overlaps included.
+    expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
   });
 
   it("judge-factcheck escalates exactly the claims the small build is unsure about", async () => {

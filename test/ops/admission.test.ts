@@ -47,7 +47,9 @@ const noul = (state: string) => ({ model: "judge-latest", state, questions: { la
 function estimateOf(payload: ReturnType<typeof noul>): number {
   const lb = engine.build("judge-latest");
   const prepared = prepare(lb, payload.state, payload.questions as never, undefined, { maxTokens: 512 });
-  return engine.pool.estimate(generalPasses(lb.build.onnxPath, prepared.packed, false));
+  // The pipeline plans a content-free prior pass too where the build's calibration weighs one in.
+  const prior = Object.values(lb.build.manifest.calibration?.prior ?? {}).some((w) => w > 0);
+  return engine.pool.estimate(generalPasses(lb.build.onnxPath, prepared.packed, prior));
 }
 
 const post = (payload: object, key = t!.key, headers: Record<string, string> = {}) =>

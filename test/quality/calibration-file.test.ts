@@ -99,12 +99,22 @@ describe("loading shipped calibration", () => {
 });
 
 describe("mergeFit (assay calibrate rewriting a shipped file)", () => {
-  it("replaces the maps it fitted and keeps other keys and sections of the same build", () => {
-    const existing = readFit(fitFile("aaaa", { temperatures: { "choice:4": 1.7, "choice:9": 2 }, factcheck: { x: 1 } }));
-    const fresh = readFit(fitFile("aaaa", { temperatures: { "choice:4": 1.2 }, platt: { "noul:2": { a: 0.9, b: 0 } } }));
+  it("decides every general key afresh and keeps the families' keys and sections of the same build", () => {
+    const existing = readFit(
+      fitFile("aaaa", {
+        temperatures: { "choice:4": 1.7, "choice:9": 2 },
+        platt: { "factcheck:noul": { a: 0.8, b: -1 }, "noul:2": { a: 2, b: 1 } },
+        prior: { noul: 1 },
+        factcheck: { x: 1 },
+      }),
+    );
+    const fresh = readFit(fitFile("aaaa", { temperatures: { "choice:*": 1.2 }, platt: { "noul:2": { a: 0.9, b: 0 } } }));
     const merged = mergeFit(existing, fresh);
-    expect(merged.temperatures).toEqual({ "choice:4": 1.2, "choice:9": 2 });
-    expect(merged.platt).toEqual({ "noul:2": { a: 0.9, b: 0 } });
+    // A per-set key the refit dropped (choice:4, choice:9) does not survive it.
+    expect(merged.temperatures).toEqual({ "choice:*": 1.2 });
+    expect(merged.platt).toEqual({ "factcheck:noul": { a: 0.8, b: -1 }, "noul:2": { a: 0.9, b: 0 } });
+    // The prior is part of the readings a fit was made on: a fit without one leaves none.
+    expect(merged.prior).toBeUndefined();
     expect((merged as Record<string, unknown>)["factcheck"]).toEqual({ x: 1 });
   });
 
