@@ -9,7 +9,7 @@
  * temperature and a top-label map (src/probability/calibration.ts says why).
  */
 import type { CalibrationMaps, Platt } from "../probability/index.js";
-import { calibrateNoul, fitPlatt, fitTemperature, fitTopLabel, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
+import { balancedWeights, calibrateNoul, fitPlatt, fitTemperature, fitTopLabel, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
 import { argmaxIndex, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
 import { readDataset, type TaskType } from "./datasets.js";
@@ -104,13 +104,8 @@ export function fitMaps(items: readonly FitItem[]): FittedMaps {
       // Each set's two classes weigh the same: the intercept must carry the
       // model's lean, not the label mix of the dev sets pooled (WiCE is two
       // thirds "no"; a user's questions have no such base rate).
-      const count = new Map<string, number>();
-      for (const it of group) count.set(`${it.dataset}|${it.gold}`, (count.get(`${it.dataset}|${it.gold}`) ?? 0) + 1);
-      const size = new Map<string, number>();
-      for (const it of group) size.set(it.dataset, (size.get(it.dataset) ?? 0) + 1);
-      maps.platt[key] = fitPlatt(
-        group.map((it) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0, w: size.get(it.dataset)! / (2 * count.get(`${it.dataset}|${it.gold}`)!) })),
-      );
+      const w = balancedWeights(group.map((it) => ({ set: it.dataset, y: it.gold === 0 })));
+      maps.platt[key] = fitPlatt(group.map((it, i) => ({ z: it.lp[0]! - it.lp[1]!, y: it.gold === 0, w: w[i]! })));
       return;
     }
     maps.temperatures[key] = fitTemperature(group);
@@ -205,6 +200,22 @@ function predictedConfidence(type: TaskType, p: readonly number[]): number {
   return type === "noul" ? Math.max(p[0]!, 1 - p[0]!) : Math.max(...p);
 }
 
+/** One set's held-out figures: before (identity), after the maps, after the temperature alone, and their floors. */
+function heldOutRow(dataset: string, mine: readonly FitItem[], after: number[][], afterTemperature: number[][]): CrossValidation {
+  const type = mine[0]!.type;
+  const gold = mine.map((it) => it.gold);
+  return {
+    dataset,
+    type,
+    key: keyOf(mine[0]!),
+    before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
+    after: scoreProbabilities(type, after, gold),
+    afterTemperature: scoreProbabilities(type, afterTemperature, gold),
+    floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
+    floorTemperature: eceFloor(afterTemperature.map((p) => predictedConfidence(type, p))),
+  };
+}
+
 /**
  * K-fold cross-validation: items are dealt to folds round-robin within each
  * dataset (the sets are sorted by label, so folds stay balanced); each fold
@@ -235,19 +246,7 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
   for (const ds of seen.keys()) {
     const mine = items.filter((it) => it.dataset === ds);
     const type = mine[0]!.type;
-    const gold = mine.map((it) => it.gold);
-    const after = mine.map((it) => oof.get(it)!);
-    const afterTemperature = mine.map((it) => oofTemperature.get(it)!);
-    out.push({
-      dataset: ds,
-      type,
-      key: keyOf(mine[0]!),
-      before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
-      after: scoreProbabilities(type, after, gold),
-      afterTemperature: scoreProbabilities(type, afterTemperature, gold),
-      floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
-      floorTemperature: eceFloor(afterTemperature.map((p) => predictedConfidence(type, p))),
-    });
+    out.push(heldOutRow(ds, mine, mine.map((it) => oof.get(it)!), mine.map((it) => oofTemperature.get(it)!)));
   }
   return out;
 }
@@ -287,19 +286,7 @@ export function leaveOneDatasetOut(items: readonly FitItem[]): CrossValidation[]
     // Keys by option count would fit the held set's own count only when another set shares it; the pooled map covers the rest.
     const maps = fitMaps(train);
     const temperatureOnly = { ...maps, top_label: {} };
-    const gold = mine.map((it) => it.gold);
-    const after = mine.map((it) => applyMaps(it, maps));
-    const afterTemperature = mine.map((it) => applyMaps(it, temperatureOnly));
-    out.push({
-      dataset: ds,
-      type,
-      key: keyOf(mine[0]!),
-      before: scoreProbabilities(type, mine.map((it) => applyMaps(it, null)), gold),
-      after: scoreProbabilities(type, after, gold),
-      afterTemperature: scoreProbabilities(type, afterTemperature, gold),
-      floor: eceFloor(after.map((p) => predictedConfidence(type, p))),
-      floorTemperature: eceFloor(afterTemperature.map((p) => predictedConfidence(type, p))),
-    });
+    out.push(heldOutRow(ds, mine, mine.map((it) => applyMaps(it, maps)), mine.map((it) => applyMaps(it, temperatureOnly))));
   }
   return out;
 }

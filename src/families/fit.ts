@@ -1,7 +1,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { auroc, binaryPrediction, reliability } from "../eval/metrics.js";
-import { fitPlatt, logit } from "../probability/calibration.js";
+import { balancedWeights, fitPlatt, logit } from "../probability/calibration.js";
 import { adjustForRecall, fitRecallThreshold, recallAt, type RecallFit } from "../probability/recall.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
@@ -262,13 +262,7 @@ export function binaryScore(p: readonly number[], y: readonly boolean[]): Binary
  * read with the wrong threshold (issue 18).
  */
 export function fitFactCheckPlatt(items: readonly ScoredItem[]) {
-  const setOf = (i: ScoredItem) => i.id.split("-")[0]!;
-  const count = new Map<string, number>();
-  const size = new Map<string, number>();
-  for (const i of items) {
-    count.set(`${setOf(i)}|${i.label}`, (count.get(`${setOf(i)}|${i.label}`) ?? 0) + 1);
-    size.set(setOf(i), (size.get(setOf(i)) ?? 0) + 1);
-  }
-  return fitPlatt(items.map((i) => ({ z: logit(i.raw), y: i.label, w: size.get(setOf(i))! / (2 * count.get(`${setOf(i)}|${i.label}`)!) })));
+  const w = balancedWeights(items.map((i) => ({ set: i.id.split("-")[0]!, y: i.label })));
+  return fitPlatt(items.map((i, n) => ({ z: logit(i.raw), y: i.label, w: w[n]! })));
 }
 

@@ -164,6 +164,20 @@ export interface LabelledLogOdds {
   w?: number;
 }
 
+/**
+ * Item weights under which each set's two classes weigh the same (n_set / (2 · n_set,class)):
+ * a fit's intercept then carries the model's lean, not the label mix of the sets pooled.
+ */
+export function balancedWeights(items: readonly { set: string; y: boolean }[]): number[] {
+  const count = new Map<string, number>();
+  const size = new Map<string, number>();
+  for (const it of items) {
+    count.set(`${it.set}|${it.y}`, (count.get(`${it.set}|${it.y}`) ?? 0) + 1);
+    size.set(it.set, (size.get(it.set) ?? 0) + 1);
+  }
+  return items.map((it) => size.get(it.set)! / (2 * count.get(`${it.set}|${it.y}`)!));
+}
+
 /** Mean negative log-likelihood of σ(a·z + b). */
 export function plattNll(items: readonly LabelledLogOdds[], p: Platt): number {
   if (items.length === 0) return 0;

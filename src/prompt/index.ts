@@ -106,6 +106,31 @@ function optionQuestion(style: PromptStyle, id: string, type: "choice" | "score"
 }
 
 /**
+ * A question whose options are listed as `1. …`, `2. …` in `shown` order and
+ * read by the number shown: label j is option shown[j].
+ */
+function numberedQuestion(
+  style: PromptStyle,
+  id: string,
+  type: "choice" | "score",
+  lines: string[],
+  shown: readonly number[],
+  text: (i: number) => string,
+  keys: string[],
+): QuestionPrompt {
+  shown.forEach((i, j) => lines.push(`${j + 1}. ${text(i)}`));
+  lines.push(type === "choice" ? "Answer with the option number only." : "Answer with the number of the level only.");
+  return {
+    id,
+    type,
+    suffix: closeTurn(style, lines.join("\n")),
+    labels: shown.map((_, j) => label(style, String(j + 1))),
+    option: shown.slice(),
+    keys,
+  };
+}
+
+/**
  * One question's prompt. `order` lists the option (or level) indices in the
  * order they are shown; labels, keys and option indices never move, so every
  * presentation of a question is read back over the same labels.
@@ -155,16 +180,7 @@ export function buildQuestion(
         // short, distinct and read alike for every option, and the lean to a
         // number cancels over the cyclic shifts (all k are shown for k ≤ 8).
         // Measured in bench/RESULTS.md (issue 18, the readout study).
-        shown.forEach((i, j) => lines.push(`${j + 1}. ${line(i)}`));
-        lines.push("Answer with the option number only.");
-        return {
-          id,
-          type: "choice",
-          suffix: closeTurn(style, lines.join("\n")),
-          labels: shown.map((_, j) => label(style, String(j + 1))),
-          option: shown.slice(),
-          keys,
-        };
+        return numberedQuestion(style, id, "choice", lines, shown, line, keys);
       }
       // More options are shown once (canonical order): a number would carry
       // its position's lean uncorrected, so the key itself is read (and the
@@ -196,16 +212,7 @@ export function buildQuestion(
         // same texts for a scale and for its reverse (numbers follow the
         // list, not the caller's level numbers), so the answer stays mirrored.
         lines[1] = "Levels:";
-        shown.forEach((i, j) => lines.push(`${j + 1}. ${q.criteria[i]!}`));
-        lines.push("Answer with the number of the level only.");
-        return {
-          id,
-          type: "score",
-          suffix: closeTurn(style, lines.join("\n")),
-          labels: shown.map((_, j) => label(style, String(j + 1))),
-          option: shown.slice(),
-          keys: numbers,
-        };
+        return numberedQuestion(style, id, "score", lines, shown, (i) => q.criteria[i]!, numbers);
       }
       // Short, distinct level names are read as the answer itself, by meaning.
       for (const i of shown) lines.push(`- ${q.criteria[i]!}`);
