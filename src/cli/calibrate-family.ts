@@ -34,6 +34,8 @@ import {
 } from "../families/fit.js";
 import { fitBand, type Band } from "../families/escalation.js";
 import type { CliIO } from "./keys.js";
+import { FactCheckFit, FamilyPrior, familyFit } from "../families/types.js";
+import type { LoadedBuild } from "../pipeline/build.js";
 
 export interface FamilyCalibrateOptions {
   model: string;
@@ -45,6 +47,8 @@ export interface FamilyCalibrateOptions {
   target: number;
   /** Share of the small build's dev scores, nearest the decision point, that escalate. */
   bandFraction: number;
+  /** Fact check: the content-free prior the run reads under and ships (default: each build's shipped one). */
+  prior?: FamilyPrior;
 }
 
 interface NameFigures {
@@ -89,16 +93,29 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
     const scored = new Map<string, ScoredItem[]>();
     const ms = new Map<string, number[]>();
     const tokens = new Map<string, number[]>();
+    // The prior is part of the reading (the raw score is taken after it), so
+    // the run reads under the one it will ship, and its cache is keyed by it.
+    const priorOf = (lb: LoadedBuild): FamilyPrior | null => familyFit(lb, "factcheck", FactCheckFit)?.prior ?? null;
+    if (model.family === "factcheck" && opts.prior) {
+      for (const build of builds) {
+        const m = pipeline.build(publicFor(build)).build.manifest;
+        m.calibration ??= CalibrationFit.parse({ build_hash: m.build_hash, fitted_at: "", temperatures: {} });
+        const cal = m.calibration as Record<string, unknown>;
+        cal["factcheck"] = { ...((cal["factcheck"] as object | undefined) ?? {}), prior: opts.prior };
+      }
+    }
     for (const build of builds) {
       const name = publicFor(build);
       const hash = pipeline.build(name).build.manifest.build_hash;
+      const prior = model.family === "factcheck" ? priorOf(pipeline.build(name)) : null;
+      const priorTag = prior && prior.weight > 0 ? `-cf${prior.weight}~${Buffer.from(prior.state).toString("hex")}` : "";
       const items: ScoredItem[] = [];
       for (const file of opts.data) {
         const requests =
           model.family === "codesearch"
             ? codeSearchRequests(spreadRows(readCodeSearch(file), opts.limit))
             : factCheckRequests(spreadRows(readFactCheck(file), opts.limit));
-        const cache = path.join(cacheDir, `${model.family}-p${FAMILY_PROMPT_VERSION}-${hash}-${path.basename(file, ".jsonl")}.jsonl`);
+        const cache = path.join(cacheDir, `${model.family}-p${FAMILY_PROMPT_VERSION}-${hash}${priorTag}-${path.basename(file, ".jsonl")}.jsonl`);
         io.stderr(`running ${name} (${build}) on ${path.basename(file)}: ${requests.length} requests\n`);
         const recs = await runScored(pipeline, name, requests, cache, (d, t) => io.stderr(`\r  ${d}/${t}`));
         io.stderr("\n");
@@ -281,7 +298,12 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
             path.basename(lb.build.dir),
             {
               platt: { ...((existing?.build_hash === lb.build.manifest.build_hash ? existing?.platt : undefined) ?? {}), ...platt },
-              factcheck: { ...((existing?.factcheck as object | undefined) ?? {}), ...(band ? { band } : {}), data: dataNote },
+              factcheck: {
+                ...((existing?.factcheck as object | undefined) ?? {}),
+                ...(band ? { band } : {}),
+                ...(priorOf(lb) ? { prior: priorOf(lb) } : {}),
+                data: dataNote,
+              },
             },
             io,
           );

@@ -98,23 +98,45 @@ function familyKeys<T>(section: Record<string, T>): Record<string, T> {
 
 /**
  * The new fit merged into an existing file for the same build: the general
- * keys (noul/choice/score) and the prior are the new fit's alone, the other
- * families' sections are kept. A file for another build is replaced whole.
+ * keys (noul/choice/score) and the prior of the types the new fit was run on
+ * (`fitted`, every type when not given) are the new fit's alone; the other
+ * types' keys, prior and figures, and the other families' sections, are
+ * kept. A file for another build is replaced whole.
  */
-export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit): CalibrationFit {
+export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit, fitted?: ReadonlySet<string>): CalibrationFit {
   if (!existing || existing.build_hash !== fit.build_hash) return fit;
-  const { prior: _prior, prior_state: _state, ...rest } = existing;
+  const { prior: oldPrior, prior_state: oldState, ...rest } = existing;
+  // Keys kept from the existing file: the families', and the general types this fit did not run on.
+  const kept = <T>(section: Record<string, T> | undefined): Record<string, T> =>
+    Object.fromEntries(Object.entries(section ?? {}).filter(([k]) => !GENERAL_KEY.test(k) || (fitted !== undefined && !fitted.has(k.split(":")[0]!))));
+  const others = <T>(m: Record<string, T> | undefined) => (fitted ? Object.fromEntries(Object.entries(m ?? {}).filter(([t]) => !fitted.has(t))) : {});
+  const prior = { ...others(oldPrior), ...(fit.prior ?? {}) };
+  const priorState = { ...(fit.prior ? others(oldState) : {}), ...(fit.prior_state ?? {}) };
+  const typeOf = (key: string) => key.split(":")[0]!;
+  const keptList = (xs: readonly string[] | undefined) => (fitted ? (xs ?? []).filter((t) => !fitted.has(t)) : []);
+  const list = (f: CalibrationFit, k: string) => ((f as Record<string, unknown>)[k] as string[] | undefined) ?? [];
+  const cv = (f: CalibrationFit) => ((f as Record<string, unknown>)["cross_validation"] as { key: string }[] | undefined) ?? [];
   return {
     ...rest,
     ...fit,
-    // A refit decides every general key afresh (a key it dropped, say a
+    // A refit decides every key of its types afresh (a key it dropped, say a
     // per-set `choice:4`, must not survive); the families' keys are kept.
-    temperatures: { ...familyKeys(existing.temperatures), ...fit.temperatures },
-    platt: { ...familyKeys(existing.platt ?? {}), ...(fit.platt ?? {}) },
-    // A refit decides the top-label maps of the general keys afresh: one it left out must not survive from the old file.
-    top_label: { ...(fit.top_label ?? {}) },
-    data: [...new Set([...fit.data])],
-  };
+    temperatures: { ...kept(existing.temperatures), ...fit.temperatures },
+    platt: { ...kept(existing.platt), ...(fit.platt ?? {}) },
+    // Top-label maps too: one the refit left out must not survive from the old file.
+    top_label: { ...kept(existing.top_label), ...(fit.top_label ?? {}) },
+    ...(Object.keys(prior).length > 0 ? { prior } : {}),
+    ...(Object.keys(prior).length > 0 && Object.keys(priorState).length > 0 ? { prior_state: priorState } : {}),
+    ...(fitted
+      ? {
+          identity_kept: [...keptList(list(existing, "identity_kept")), ...list(fit, "identity_kept")],
+          top_label_left_out: [...keptList(list(existing, "top_label_left_out")), ...list(fit, "top_label_left_out")],
+          cross_validation: [...cv(existing).filter((r) => !fitted.has(typeOf(r.key))), ...cv(fit)],
+          // A file read again replaces its note; the other types' files stay listed.
+          data: [...existing.data.filter((d) => !fit.data.some((n) => n.split(" ")[0] === d.split(" ")[0])), ...fit.data],
+        }
+      : { data: [...new Set([...fit.data])] }),
+  } as CalibrationFit;
 }
 
 export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Promise<CalibrateResult> {
@@ -341,7 +363,8 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     if (existing && existing.build_hash !== fit.build_hash) {
       io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
     }
-    const merged = mergeFit(existing, fit);
+    // Types the data did not cover keep their maps: a refit of noul alone leaves choice and score as they were.
+    const merged = mergeFit(existing, fit, new Set(items.map((it) => it.type)));
     fs.mkdirSync(path.dirname(file), { recursive: true });
     fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
     io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
@@ -404,6 +427,8 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
               target: o.target,
               bandFraction: o.bandFraction,
               ...(o.limit !== undefined ? { limit: o.limit } : {}),
+              // A claim is a noul question: its prior is the noul weight and neutral state.
+              ...(o.prior?.["noul"] !== undefined ? { prior: { weight: o.prior["noul"], state: o.priorState?.["noul"] ?? "N/A" } } : {}),
             },
             io,
           );

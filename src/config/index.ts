@@ -49,6 +49,8 @@ const Env = z.object({
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic"),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
   ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8),
+  /** A choice question with more options than are numbered is read again over its this-many likeliest options (0: off). */
+  ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(0),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large
    * model) are kept loaded: `always`, `never`, or `<days> HH:MM-HH:MM <IANA zone>`
@@ -117,6 +119,7 @@ export type Config = Readonly<{
   maxPackedTokens: number;
   debias: "off" | "cyclic";
   debiasMaxShifts: number;
+  shortlist: number;
   modelSchedule: string;
   modelIdleUnloadMs: number;
   factcheckChunkTokens: number;
@@ -172,6 +175,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,
     debiasMaxShifts: e.ASSAY_DEBIAS_MAX_SHIFTS,
+    shortlist: e.ASSAY_SHORTLIST,
     modelSchedule: e.ASSAY_MODEL_SCHEDULE,
     modelIdleUnloadMs: Math.round(e.ASSAY_MODEL_IDLE_UNLOAD_SECONDS * 1000),
     factcheckChunkTokens: e.ASSAY_FACTCHECK_CHUNK_TOKENS,

@@ -91,6 +91,19 @@ function yesNo(style: PromptStyle, v: string, text: string, t?: number): Ask {
   return { v, ...(t !== undefined ? { t } : {}), suffix: closeTurn(style, text), labels: YES_NO.labels.map((l) => label(style, l)), option: YES_NO.option };
 }
 
+/**
+ * A statement, not a question: read as true/false rather than yes/no, since
+ * "no" to a negated statement ("The package did not arrive.") is also how a
+ * speaker agrees with it.
+ */
+const isStatement = (q: string) => !q.trimEnd().endsWith("?");
+
+const TRUE_FALSE = { labels: ["true", "True", "false", "False"], option: [0, 0, 1, 1] };
+
+function trueFalse(style: PromptStyle, v: string, text: string): Ask {
+  return { v, suffix: closeTurn(style, text), labels: TRUE_FALSE.labels.map((l) => label(style, l)), option: TRUE_FALSE.option };
+}
+
 function cyclic(k: number, maxShifts: number): number[][] {
   const base = Array.from({ length: k }, (_, i) => i);
   const m = k <= maxShifts ? k : 1;
@@ -113,6 +126,10 @@ export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
         yesNo(style, "question", `Question: ${q}\nAnswer yes or no.`),
         yesNo(style, "question_ctx", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
         yesNo(style, "true_false", `Is this true according to the state: ${q}\nAnswer yes or no.`),
+        trueFalse(style, "tf", `Based on the state above, is the statement true or false?\nStatement: ${q}\nAnswer true or false.`),
+        isStatement(q)
+          ? trueFalse(style, "auto", `Based on the state above, is the statement true or false?\nStatement: ${q}\nAnswer true or false.`)
+          : yesNo(style, "auto", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
       ];
     case "choice": {
       const keys = it.options;

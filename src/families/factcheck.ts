@@ -2,14 +2,14 @@ import { invalid } from "../errors/catalogue.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
-import { calibrateNoul } from "../probability/calibration.js";
-import { logit } from "../probability/calibration.js";
+import { calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
 import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
-import { FactCheckFit, familyFit, type FamilyEnv } from "./types.js";
+import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { likelyEscalated, workRequest } from "../inference/work.js";
-import { branchCost, encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
+import { branchCost, encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
+import { buildPrefix } from "../prompt/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -74,7 +74,19 @@ function readTokens(d: EncodedDocument, which: readonly number[]): number {
   return d.prefixes.reduce((s, prefix) => s + prefix.length + claimTokens, 0);
 }
 
-/** Scores `which` claims over every chunk with one build. */
+/** The build's content-free prior for claims, when its fit weighs one in. */
+function priorOf(lb: LoadedBuild): FamilyPrior | null {
+  const prior = familyFit(lb, "factcheck", FactCheckFit)?.prior;
+  return prior && prior.weight > 0 ? prior : null;
+}
+
+/**
+ * Scores `which` claims over every chunk with one build. A claim's score is
+ * its best window's; with a prior, `weight` × the claim's log-odds against the
+ * neutral document is then taken off (a constant per claim, so the best
+ * window is the same either way). The model leans to "yes" for a claim that
+ * sounds plausible on its own; what is left is what the document moved.
+ */
 async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], ctx: PipelineContext): Promise<Scored> {
   const p = d.claims.branches.map(() => Number.NaN);
   const bestChunk = d.claims.branches.map(() => 0);
@@ -87,7 +99,22 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
       }
     }
   }
+  const prior = priorOf(d.lb);
+  if (prior) {
+    const t0 = performance.now();
+    const reads = await fam.priors.read(d.lb, fam.pool, prior.state, which.map((i) => d.claims.branches[i]!), fam.maxPackedTokens, ctx.signal);
+    ctx.timings.add("inference", performance.now() - t0);
+    which.forEach((i, n) => (p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(yesProbability(reads[n]!)))));
+  }
   return { p, bestChunk, tokens: readTokens(d, which) };
+}
+
+/** The prior pass's shapes for admission (an upper bound: cached claims cost nothing). */
+function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[]) {
+  const prior = priorOf(d.lb);
+  if (!prior) return [];
+  const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
+  return plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which);
 }
 
 export async function runFactCheck(
@@ -129,8 +156,10 @@ export async function runFactCheck(
     // Admission by estimated work before the hold (529 / 422 hold nothing): every
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
-    const plan = (d: EncodedDocument, which: readonly number[]) =>
-      d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which));
+    const plan = (d: EncodedDocument, which: readonly number[]) => [
+      ...d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which)),
+      ...priorPasses(fam, d, which),
+    ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
     const work = fam.pool.admit([...plan(small, all), ...escalating], workRequest(ctx));
     try {

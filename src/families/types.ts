@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { InferencePool } from "../inference/pool.js";
 import type { LoadedBuild } from "../pipeline/build.js";
+import type { PriorCache } from "../pipeline/prior.js";
 
 /** What a family needs from the engine: builds, the pool and the model lifecycle. */
 export interface FamilyEnv {
@@ -10,6 +11,8 @@ export interface FamilyEnv {
   /** Counts a request as a user of `build`; throws 503 + Retry-After while it is not loaded. */
   acquire(build: string, forModel: string): () => void;
   maxPackedTokens: number;
+  /** Content-free readings, shared with the general family (src/pipeline/prior.ts). */
+  priors: PriorCache;
 }
 
 const BandFit = z.object({ lo: z.number().min(0).max(1), hi: z.number().min(0).max(1) });
@@ -22,8 +25,16 @@ export const CodeSearchFit = z.looseObject({
 });
 export type CodeSearchFit = z.infer<typeof CodeSearchFit>;
 
+/**
+ * A content-free prior for the family's yes/no reading: each claim is also
+ * read against `state` (a neutral document) and `weight` times that log-odds
+ * is taken off, before the Platt map (fitted on the corrected score).
+ */
+export const FamilyPrior = z.object({ weight: z.number().min(0).max(1), state: z.string() });
+export type FamilyPrior = z.infer<typeof FamilyPrior>;
+
 /** `factcheck` section; the Platt map itself is `platt["factcheck:noul"]`. */
-export const FactCheckFit = z.looseObject({ band: BandFit.optional() });
+export const FactCheckFit = z.looseObject({ band: BandFit.optional(), prior: FamilyPrior.optional() });
 export type FactCheckFit = z.infer<typeof FactCheckFit>;
 
 /** A family section of a build's shipped calibration, or null when not fitted. */

@@ -114,15 +114,18 @@ export async function scoreYesNo(
     ctx.timings.add("queue", Math.max(0, performance.now() - q0 - out.runMs));
     const lps = readLabels(packed, out.logprobs);
     pass.forEach((i, k) => {
-      const lp = lps[k]!;
-      if (!lp.every(Number.isFinite)) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
-      // P(yes) = mass of the yes forms over the mass of all forms.
-      let yes = 0;
-      softmax(lp).forEach((q, li) => {
-        if (YES_NO.option[li] === 0) yes += q;
-      });
-      p[i] = yes;
+      p[i] = yesProbability(lps[k]!);
     });
   }
   return { p, passes: passes.length };
+}
+
+/** P(yes) = mass of the yes forms over the mass of all forms, from the label log-probabilities. */
+export function yesProbability(lp: readonly number[]): number {
+  if (!lp.every(Number.isFinite)) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+  let yes = 0;
+  softmax(lp).forEach((q, li) => {
+    if (YES_NO.option[li] === 0) yes += q;
+  });
+  return yes;
 }

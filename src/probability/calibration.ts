@@ -60,7 +60,7 @@ export const sigmoid = (x: number): number => (x >= 0 ? 1 / (1 + Math.exp(-x)) :
 /** log σ(x), stable for large |x|. */
 const logSigmoid = (x: number): number => (x >= 0 ? -Math.log1p(Math.exp(-x)) : x - Math.log1p(Math.exp(x)));
 
-function logSumExp(xs: readonly number[], scale = 1): number {
+export function logSumExp(xs: readonly number[], scale = 1): number {
   let max = -Infinity;
   for (const x of xs) if (x * scale > max) max = x * scale;
   if (!Number.isFinite(max)) return max;

@@ -8,6 +8,8 @@ import { AssayError } from "../../src/errors/catalogue.js";
 import { DEFAULT_BAND } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
 import { FactCheckFit, familyFit } from "../../src/families/types.js";
+import { encodeBranches, yesProbability } from "../../src/families/yesno.js";
+import { logit } from "../../src/probability/calibration.js";
 import { factcheckClaim, factcheckPrefixParts } from "../../src/prompt/families.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
@@ -115,6 +117,31 @@ describe("fact check", () => {
     expect(d.chunk).toBe(chunks - 1);
     // Every chunk is read: the document is billed in full, overlaps included.
     expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
+  });
+
+  it("takes the content-free prior in the build's fit off each claim's score: weight × its log-odds against the neutral document", async () => {
+    const lb = engine.build("judge-factcheck-lite");
+    const m = lb.build.manifest;
+    const shipped = m.calibration;
+    const claim = "The new deck has a footpath on each side.";
+    const withPrior = async (prior: { weight: number; state: string }) => {
+      const cal = { ...((shipped ?? { build_hash: m.build_hash, fitted_at: "", temperatures: {} }) as Record<string, unknown>) };
+      cal["factcheck"] = { ...((cal["factcheck"] as object | undefined) ?? {}), prior };
+      m.calibration = cal as typeof shipped;
+      const res = await ask("judge-factcheck-lite", doc, { c: { type: "noul", instructions: claim } });
+      return (res.details as Record<string, Detail>).c!.raw;
+    };
+    try {
+      const plain = await withPrior({ weight: 0, state: "" });
+      const corrected = await withPrior({ weight: 0.5, state: "" });
+      const branch = encodeBranches(lb, [], [factcheckClaim(lb.style, claim)]).branches[0]!;
+      const [neutral] = await engine.priors.read(lb, engine.pool, "", [branch], 8192);
+      const lean = logit(yesProbability(neutral!));
+      expect(Math.abs(lean)).toBeGreaterThan(0.01);
+      expect(logit(corrected)).toBeCloseTo(logit(plain) - 0.5 * lean, 4);
+    } finally {
+      m.calibration = shipped;
+    }
   });
 
   it("judge-factcheck escalates exactly the claims the small build is unsure about", async () => {

@@ -118,6 +118,31 @@ describe("mergeFit (assay calibrate rewriting a shipped file)", () => {
     expect((merged as Record<string, unknown>)["factcheck"]).toEqual({ x: 1 });
   });
 
+  it("a fit run on some types only keeps the other types' keys, prior and data notes", () => {
+    const existing = readFit(
+      fitFile("aaaa", {
+        temperatures: { "choice:*": 1.2, "score:5": 2 },
+        platt: { "noul:2": { a: 2, b: 1 }, "factcheck:noul": { a: 0.8, b: -1 } },
+        top_label: { "choice:*": { a: 0.5, b: 0 } },
+        prior: { noul: 0.5, choice: 1 },
+        prior_state: { noul: "N/A", score: "" },
+        data: ["noul_boolq.jsonl (80 rows)", "choice_agnews.jsonl (80 rows)"],
+      }),
+    );
+    const fresh = readFit(
+      fitFile("aaaa", { temperatures: {}, platt: { "noul:2": { a: 0.9, b: -0.2 } }, prior: { noul: 1 }, prior_state: { noul: "" }, data: ["noul_boolq.jsonl (100 rows)"] }),
+    );
+    const merged = mergeFit(existing, fresh, new Set(["noul"]));
+    expect(merged.temperatures).toEqual({ "choice:*": 1.2, "score:5": 2 });
+    expect(merged.platt).toEqual({ "noul:2": { a: 0.9, b: -0.2 }, "factcheck:noul": { a: 0.8, b: -1 } });
+    expect(merged.top_label).toEqual({ "choice:*": { a: 0.5, b: 0 } });
+    expect(merged.prior).toEqual({ noul: 1, choice: 1 });
+    expect(merged.prior_state).toEqual({ noul: "", score: "" });
+    expect(merged.data).toEqual(["choice_agnews.jsonl (80 rows)", "noul_boolq.jsonl (100 rows)"]);
+    // A noul key dropped by the refit does not survive it.
+    expect(mergeFit(existing, readFit(fitFile("aaaa", { temperatures: {}, platt: {} })), new Set(["noul"])).platt).toEqual({ "factcheck:noul": { a: 0.8, b: -1 } });
+  });
+
   it("top-label maps are decided afresh by each fit: one the new fit left out does not survive", () => {
     const existing = readFit(fitFile("aaaa", { top_label: { "choice:4": { a: 0.5, b: 0 }, "score:5": { a: 0.7, b: 0.1 } } }));
     const fresh = readFit(fitFile("aaaa", { top_label: { "choice:4": { a: 0.6, b: -0.1 } } }));
