@@ -269,7 +269,7 @@ export class EnginePipeline implements Pipeline {
     // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
     // pass, and a content-free prior pass where the calibration weighs one in.
     const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off")?.prior ?? {}).some((w) => w > 0);
-    const work = this.pool.admit(generalPasses(lb.build.onnxPath, prepared.packed, priorPass), workRequest(ctx));
+    const work = this.pool.admit(generalPasses(lb.build.onnxPath, prepared.packed, priorPass, this.shortlisted(prepared).length > 0), workRequest(ctx));
     try {
       await ctx.admit?.(prepared.packed.promptTokens);
       const answers = await this.score(lb, prepared, ctx);
@@ -315,12 +315,14 @@ export class EnginePipeline implements Pipeline {
   private async shortlist(lb: LoadedBuild, prepared: PreparedRequest, readings: number[][], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {
     const k = this.config.shortlist;
     const src = prepared.source;
-    if (k < 2 || !src) return;
+    const which = this.shortlisted(prepared);
+    if (which.length === 0 || !src) return;
     const picks = new Map<number, number[]>();
     const sub: Record<string, Question> = {};
-    prepared.questions.forEach((q, i) => {
+    which.forEach((i) => {
+      const q = prepared.questions[i]!;
       const orig = src.questions[q.id];
-      if (q.type !== "choice" || orig?.type !== "choice" || q.keys.length <= Math.max(k, NUMBERED_MAX_OPTIONS)) return;
+      if (orig?.type !== "choice") return;
       const lp = readings[i]!;
       const top = lp.map((_, j) => j).sort((a, b) => lp[b]! - lp[a]!).slice(0, k);
       picks.set(i, top);
@@ -342,6 +344,13 @@ export class EnginePipeline implements Pipeline {
       keys.forEach((key, n) => (out[q.keys.indexOf(key)] = share + split[n]!));
       readings[i] = out;
     }
+  }
+
+  /** Indices of the questions read again over a shortlist (ASSAY_SHORTLIST). */
+  private shortlisted(prepared: PreparedRequest): number[] {
+    const k = this.config.shortlist;
+    if (k < 2 || !prepared.source) return [];
+    return prepared.questions.flatMap((q, i) => (q.type === "choice" && q.keys.length > Math.max(k, NUMBERED_MAX_OPTIONS) ? [i] : []));
   }
 
   /** Per question, its options' log-probabilities: every presentation read, the prior taken off, averaged. */

@@ -140,16 +140,33 @@ export function buildQuestion(
   id: string,
   q: Question,
   order?: readonly number[],
-  opts: { debiased?: boolean; positions?: boolean } = {},
+  opts: { debiased?: boolean; positions?: boolean; trueFalse?: boolean } = {},
 ): QuestionPrompt {
   const ask = q.instructions?.trim();
   switch (q.type) {
     case "noul": {
+      const text = noulText(q);
+      if (opts.trueFalse) {
+        // A statement's second reading: "is it true or false", read over
+        // true/false, where "no" to a negated statement would also be how a
+        // speaker agrees with it ("The package did not arrive." — "No.").
+        const lines = ["Based on the state above, is the statement true or false?", `Statement: ${text}`];
+        if (q.criteria?.true) lines.push(`"true" means: ${q.criteria.true}`);
+        if (q.criteria?.false) lines.push(`"false" means: ${q.criteria.false}`);
+        lines.push("Answer true or false.");
+        return {
+          id,
+          type: "noul",
+          suffix: closeTurn(style, lines.join("\n")),
+          labels: ["true", "True", "false", "False"].map((l) => label(style, l)),
+          option: [0, 0, 1, 1],
+          keys: ["true", "false"],
+        };
+      }
       // Asked as a question about the state, whether the instructions are a
       // question or a statement: "Statement: … Is the statement true of the
       // state?" read near chance on BoolQ and on fact check claims with the
       // 1.5B build (the readout study, bench/RESULTS.md issue 18).
-      const text = ask && ask.length > 0 ? ask : "The state is correct and acceptable.";
       const lines = ["Based on the state above, answer the question.", `Question: ${text}`];
       if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
       if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
@@ -268,6 +285,16 @@ export const DEFAULT_MAX_PACKED_TOKENS = 8192;
  */
 export const NUMBERED_MAX_OPTIONS = 8;
 
+function noulText(q: Question): string {
+  const ask = q.instructions?.trim();
+  return ask && ask.length > 0 ? ask : "The state is correct and acceptable.";
+}
+
+/** A noul question written as a statement, not a question: it is also read as true/false. */
+export function isStatement(q: Question): boolean {
+  return q.type === "noul" && !noulText(q).endsWith("?");
+}
+
 /** The orders a question is shown in under `debias`; the first one is the one billed. */
 export function presentationOrders(q: Question, debias: Debias): number[][] {
   if (q.type === "noul") return [[]];
@@ -301,6 +328,9 @@ export function buildPrompt(
       if (debiased && q.type === "score" && shortNames(q.criteria) && rest.length > 0) {
         for (const o of [first!, ...rest]) others.push(buildQuestion(style, id, q, o, { debiased, positions: true }));
       }
+      // A statement is read both as a yes/no question and as true/false, and
+      // the two averaged (the readout study, bench/RESULTS.md issue 18).
+      if (isStatement(q)) others.push(buildQuestion(style, id, q, undefined, { trueFalse: true }));
       const plain = debiased ? buildQuestion(style, id, q).suffix : main.suffix;
       const own = plain === main.suffix ? null : plain;
       // The labels are read in a canonical order too (sorted by text), so

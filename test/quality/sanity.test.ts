@@ -18,16 +18,18 @@ import { ask, startEngine } from "../engine/engine.js";
 import { SANITY_CASES, SANITY_REQUESTS, type Expectation, type SanityCase } from "./sanity-cases.js";
 
 /**
- * The cases `judge-latest` (the 1.5B build, calibration of 2026-11-23) still
- * answers on the wrong side, every one a true statement that carries a
- * negation ("did not arrive", "does not ship", "below zero"): the model
- * reads the negation as a "no" (issue 18, bench/RESULTS.md: 95 of 101). They
- * are listed, not dropped, so the suite still fails on any other miss and
- * the list can only shrink as the readout improves.
+ * The cases `judge-latest` (the 1.5B build, calibration of 2026-11-23, second
+ * fit) still answers on the wrong side: each a true statement or question
+ * over a negation ("did not arrive", "does not ship", "do not want any
+ * refund", "below zero"). Reading statements as true/false as well as yes/no
+ * took one off the list (96 of 101); the rest are beyond what these weights
+ * separate: in the readout study their log-odds fall below those of false
+ * cases in the same suite under every readout measured (bench/RESULTS.md,
+ * issue 18). They are listed, not dropped, so the suite still fails on any
+ * other miss and the list can only shrink as the readout improves.
  */
 const KNOWN_MISSES = new Set([
   "negation/package-did-not-arrive",
-  "negation/maria-not-there",
   "negation/door-left-unlocked",
   "explicit/does-not-ship-to-canada",
   "refund/no-refund-satisfied",
