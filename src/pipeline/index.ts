@@ -337,12 +337,12 @@ export class EnginePipeline implements Pipeline {
       const q = prepared.questions[i]!;
       const j = byId.get(q.id)!;
       const keys = second.questions[j]!.keys;
-      const lp = readings[i]!;
+      const z = logSumExp(readings[i]!);
+      const lp = readings[i]!.map((x) => x - z);
       const share = logSumExp(top.map((o) => lp[o]!));
-      const split = again[j]!;
-      const out = lp.slice();
-      keys.forEach((key, n) => (out[q.keys.indexOf(key)] = share + split[n]!));
-      readings[i] = out;
+      const z2 = logSumExp(again[j]!);
+      keys.forEach((key, n) => (lp[q.keys.indexOf(key)] = share + again[j]![n]! - z2));
+      readings[i] = lp;
     }
   }
 
