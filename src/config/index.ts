@@ -50,7 +50,7 @@ const Env = z.object({
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
   ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8),
   /** A choice question with more options than are numbered is read again over its this-many likeliest options (0: off). */
-  ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(0),
+  ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(8),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large
    * model) are kept loaded: `always`, `never`, or `<days> HH:MM-HH:MM <IANA zone>`

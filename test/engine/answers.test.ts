@@ -160,6 +160,35 @@ describe("clear-cut questions are answered the right way round", () => {
   });
 });
 
+describe("many options: shortlist, then choose (ASSAY_SHORTLIST, default 8)", () => {
+  const INTENTS: Record<string, string | null> = {
+    card_arrival: null,
+    card_declined: "the card was refused when paying",
+    change_pin: null,
+    exchange_rate: null,
+    lost_or_stolen_card: null,
+    pending_transfer: null,
+    refund_not_showing_up: null,
+    top_up_failed: null,
+    transfer_fee_charged: null,
+    wrong_amount_of_cash_received: null,
+    cash_withdrawal_charge: null,
+    activate_my_card: null,
+  };
+  const STATE = "I tried to pay for groceries this morning and the shop's machine refused my card twice. Why?";
+
+  it("a 12-option question is read again over its 8 likeliest: the plain intent wins, the distribution sums to 1, and the caller's option order does not matter", async () => {
+    const q = (criteria: Record<string, string | null>) => ({ intent: { type: "choice", instructions: "What is the customer's intent?", criteria } }) satisfies Record<string, Question>;
+    const reversed = Object.fromEntries(Object.entries(INTENTS).reverse());
+    const a = choice((await ask(engine, STATE, q(INTENTS))).answers.intent);
+    const b = choice((await ask(engine, STATE, q(reversed))).answers.intent);
+    expect(a.choice).toBe("card_declined");
+    expect(Object.keys(a.probabilities).sort()).toEqual(Object.keys(INTENTS).sort());
+    expect(Object.values(a.probabilities).reduce((x, y) => x + y, 0)).toBeCloseTo(1, 6);
+    for (const k of Object.keys(INTENTS)) expect(b.probabilities[k]).toBeCloseTo(a.probabilities[k]!, 6);
+  });
+});
+
 describe("response shape", () => {
   it("every answer has its question's type; choice/score distributions cover every key and sum to 1", () => {
     checkResponse(meeting, MEETING_QS);
