@@ -103,7 +103,7 @@ describe("fact check", () => {
 
   it("reads a long document in overlapping chunks and finds a claim supported only at its end (judge-factcheck-max)", async () => {
     // The large build (loaded by the test above): with the 0.5B the filler's own "yes" lean (raw 0.56) outbids
-    // the window that holds the claim, since the family reads no content-free prior yet (bench/RESULTS.md, issue 18).
+    // the window that holds the claim; a content-free prior for the family was measured and not shipped (bench/RESULTS.md, issue 18).
     const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
     const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
     const lb = engine.build("judge-factcheck-max");
