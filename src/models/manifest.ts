@@ -28,6 +28,11 @@ export const CalibrationFit = z.looseObject({
   prior: z.record(z.string(), z.number().min(0).max(1)).optional(),
   /** The content-free state each type's prior is read against (default "N/A"). */
   prior_state: z.record(z.string(), z.string().max(100)).optional(),
+  /**
+   * Options a many-option choice question is read again over (shortlist, then choose), for this
+   * build: at most ASSAY_SHORTLIST; 0 turns it off where it was measured not to help. Absent: ASSAY_SHORTLIST.
+   */
+  shortlist: z.number().int().min(0).max(8).optional(),
   /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
   data: z.array(z.string()).default([]),

@@ -269,7 +269,7 @@ export class EnginePipeline implements Pipeline {
     // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
     // pass, and a content-free prior pass where the calibration weighs one in.
     const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off")?.prior ?? {}).some((w) => w > 0);
-    const work = this.pool.admit(generalPasses(lb.build.onnxPath, prepared.packed, priorPass, this.shortlisted(prepared).length > 0), workRequest(ctx));
+    const work = this.pool.admit(generalPasses(lb.build.onnxPath, prepared.packed, priorPass, this.shortlisted(lb, prepared).length > 0), workRequest(ctx));
     try {
       await ctx.admit?.(prepared.packed.promptTokens);
       const answers = await this.score(lb, prepared, ctx);
@@ -313,9 +313,9 @@ export class EnginePipeline implements Pipeline {
    * debias presentations: the caller's question was read as sent.
    */
   private async shortlist(lb: LoadedBuild, prepared: PreparedRequest, readings: number[][], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {
-    const k = this.config.shortlist;
+    const k = this.shortlistSize(lb);
     const src = prepared.source;
-    const which = this.shortlisted(prepared);
+    const which = this.shortlisted(lb, prepared);
     if (which.length === 0 || !src) return;
     const picks = new Map<number, number[]>();
     const sub: Record<string, Question> = {};
@@ -346,9 +346,15 @@ export class EnginePipeline implements Pipeline {
     }
   }
 
-  /** Indices of the questions read again over a shortlist (ASSAY_SHORTLIST). */
-  private shortlisted(prepared: PreparedRequest): number[] {
-    const k = this.config.shortlist;
+  /** ASSAY_SHORTLIST, lowered by the build's fit where a shortlist was measured not to help it. */
+  private shortlistSize(lb: LoadedBuild): number {
+    const own = lb.build.manifest.calibration?.shortlist;
+    return own === undefined ? this.config.shortlist : Math.min(own, this.config.shortlist);
+  }
+
+  /** Indices of the questions read again over a shortlist. */
+  private shortlisted(lb: LoadedBuild, prepared: PreparedRequest): number[] {
+    const k = this.shortlistSize(lb);
     if (k < 2 || !prepared.source) return [];
     return prepared.questions.flatMap((q, i) => (q.type === "choice" && q.keys.length > Math.max(k, NUMBERED_MAX_OPTIONS) ? [i] : []));
   }
