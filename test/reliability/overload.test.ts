@@ -221,7 +221,10 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       }
       // The small organization was never refused, whatever the flood.
       expect(by("small").length).toBeGreaterThan(0);
-      expect(by("small", 200)).toHaveLength(by("small").length);
+      expect(
+        by("small", 200),
+        `small organization refused or late: ${JSON.stringify(by("small").filter((o) => o.status !== 200).map((o) => ({ status: o.status, ms: o.ms, estimatedMs: o.estimatedMs, detail: o.detail })))}`,
+      ).toHaveLength(by("small").length);
       expect(by("flood", 200).length).toBeGreaterThan(0);
 
       // The ledger, from the server's own SQLite file.
@@ -241,9 +244,12 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
             expected += charge;
             expect(byRequest.get(o.id)?.amountMicro, `settle of ${o.id}`).toBe(charge);
           }
-          // No hold for a 529: holds are exactly the answered requests, and none was released.
-          expect(ledger.filter((e) => e.kind === "hold")).toHaveLength(ok.length);
-          expect(ledger.filter((e) => e.kind === "release")).toEqual([]);
+          // No hold for a 529: holds are the answered requests and, in the CI form, the one flood
+          // request at most that overran its deadline (504) after its hold, which was released uncharged.
+          const lateIds = new Set(late.filter((o) => o.org === org).map((o) => o.id));
+          const released = ledger.filter((e) => e.kind === "release");
+          expect(released.filter((e) => !lateIds.has(e.requestId ?? ""))).toEqual([]);
+          expect(ledger.filter((e) => e.kind === "hold")).toHaveLength(ok.length + released.length);
           const credit = GRANT + (org === "flood" ? PURCHASE : 0) - expected;
           expect(store.balance(id, Date.now())).toMatchObject({ creditMicro: credit, heldMicro: 0 });
           const audit = store.audit(id);
