@@ -92,9 +92,6 @@ const positiveInt = (name: string) => (v: string) => {
 };
 
 const GENERAL_KEY = /^(noul|choice|score):/;
-function familyKeys<T>(section: Record<string, T>): Record<string, T> {
-  return Object.fromEntries(Object.entries(section).filter(([k]) => !GENERAL_KEY.test(k)));
-}
 
 /**
  * The new fit merged into an existing file for the same build: the general
@@ -107,12 +104,12 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit, f
   if (!existing || existing.build_hash !== fit.build_hash) return fit;
   const { prior: oldPrior, prior_state: oldState, ...rest } = existing;
   // Keys kept from the existing file: the families', and the general types this fit did not run on.
+  const typeOf = (key: string) => key.split(":")[0]!;
   const kept = <T>(section: Record<string, T> | undefined): Record<string, T> =>
-    Object.fromEntries(Object.entries(section ?? {}).filter(([k]) => !GENERAL_KEY.test(k) || (fitted !== undefined && !fitted.has(k.split(":")[0]!))));
+    Object.fromEntries(Object.entries(section ?? {}).filter(([k]) => !GENERAL_KEY.test(k) || (fitted !== undefined && !fitted.has(typeOf(k)))));
   const others = <T>(m: Record<string, T> | undefined) => (fitted ? Object.fromEntries(Object.entries(m ?? {}).filter(([t]) => !fitted.has(t))) : {});
   const prior = { ...others(oldPrior), ...(fit.prior ?? {}) };
   const priorState = { ...(fit.prior ? others(oldState) : {}), ...(fit.prior_state ?? {}) };
-  const typeOf = (key: string) => key.split(":")[0]!;
   const keptList = (xs: readonly string[] | undefined) => (fitted ? (xs ?? []).filter((t) => !fitted.has(t)) : []);
   const list = (f: CalibrationFit, k: string) => ((f as Record<string, unknown>)[k] as string[] | undefined) ?? [];
   const cv = (f: CalibrationFit) => ((f as Record<string, unknown>)["cross_validation"] as { key: string }[] | undefined) ?? [];

@@ -14,7 +14,7 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { closeTurn, label, renderState, type PromptStyle } from "../prompt/index.js";
+import { closeTurn, isStatement as isNoulStatement, label, renderState, type PromptStyle } from "../prompt/index.js";
 import { labelIds, type LoadedBuild } from "../pipeline/build.js";
 import { pack, type EncodedQuestion } from "../inference/pack.js";
 import type { InferencePool } from "../inference/pool.js";
@@ -91,12 +91,8 @@ function yesNo(style: PromptStyle, v: string, text: string, t?: number): Ask {
   return { v, ...(t !== undefined ? { t } : {}), suffix: closeTurn(style, text), labels: YES_NO.labels.map((l) => label(style, l)), option: YES_NO.option };
 }
 
-/**
- * A statement, not a question: read as true/false rather than yes/no, since
- * "no" to a negated statement ("The package did not arrive.") is also how a
- * speaker agrees with it.
- */
-const isStatement = (q: string) => !q.trimEnd().endsWith("?");
+/** A statement, not a question (the prompt layer's test): read as true/false as well. */
+const isStatement = (q: string) => isNoulStatement({ type: "noul", instructions: q });
 
 const TRUE_FALSE = { labels: ["true", "True", "false", "False"], option: [0, 0, 1, 1] };
 

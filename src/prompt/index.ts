@@ -146,39 +146,29 @@ export function buildQuestion(
   switch (q.type) {
     case "noul": {
       const text = noulText(q);
-      if (opts.trueFalse) {
-        // A statement's second reading: "is it true or false", read over
-        // true/false, where "no" to a negated statement would also be how a
-        // speaker agrees with it ("The package did not arrive." — "No.").
-        const lines = ["Based on the state above, is the statement true or false?", `Statement: ${text}`];
-        if (q.criteria?.true) lines.push(`"true" means: ${q.criteria.true}`);
-        if (q.criteria?.false) lines.push(`"false" means: ${q.criteria.false}`);
-        lines.push("Answer true or false.");
-        return {
-          id,
-          type: "noul",
-          suffix: closeTurn(style, lines.join("\n")),
-          labels: ["true", "True", "false", "False"].map((l) => label(style, l)),
-          option: [0, 0, 1, 1],
-          keys: ["true", "false"],
-        };
-      }
       // Asked as a question about the state, whether the instructions are a
       // question or a statement: "Statement: … Is the statement true of the
       // state?" read near chance on BoolQ and on fact check claims with the
-      // 1.5B build (the readout study, bench/RESULTS.md issue 18).
-      const lines = ["Based on the state above, answer the question.", `Question: ${text}`];
-      if (q.criteria?.true) lines.push(`"yes" means: ${q.criteria.true}`);
-      if (q.criteria?.false) lines.push(`"no" means: ${q.criteria.false}`);
-      lines.push("Answer yes or no.");
+      // 1.5B build (the readout study, bench/RESULTS.md issue 18). A
+      // statement's second reading (`trueFalse`) asks "true or false", where
+      // "no" to a negated statement would also be how a speaker agrees with
+      // it ("The package did not arrive." — "No.").
+      const [yes, no] = opts.trueFalse ? ["true", "false"] : ["yes", "no"];
+      const lines = opts.trueFalse
+        ? ["Based on the state above, is the statement true or false?", `Statement: ${text}`]
+        : ["Based on the state above, answer the question.", `Question: ${text}`];
+      if (q.criteria?.true) lines.push(`"${yes}" means: ${q.criteria.true}`);
+      if (q.criteria?.false) lines.push(`"${no}" means: ${q.criteria.false}`);
+      lines.push(`Answer ${yes} or ${no}.`);
       // Instruct models put most of their mass on "Yes"/"No" whatever the
       // prompt's casing (measured: 75% vs 20% on the lowercase forms), so
       // both casings count for each side.
+      const cap = (w: string) => w[0]!.toUpperCase() + w.slice(1);
       return {
         id,
         type: "noul",
         suffix: closeTurn(style, lines.join("\n")),
-        labels: ["yes", "Yes", "no", "No"].map((l) => label(style, l)),
+        labels: [yes, cap(yes), no, cap(no)].map((l) => label(style, l)),
         option: [0, 0, 1, 1],
         keys: ["true", "false"],
       };
