@@ -135,7 +135,8 @@ program
   .option("--sustained-cell <cell>", "sustained: the cell", "512x1x4")
   .option("--baselines <list>", "naive,llama (or none)", "naive,llama")
   .option("--naive-sample <n>", "passes actually run per cell for the per-question baselines (the rest extrapolated)", int("--naive-sample"), 4)
-  .option("--gguf <file>", "GGUF for llama.cpp (the default model's source)", path.join(ROOT, ".cache", "weights", "qwen2.5-coder-0.5b-instruct.gguf"))
+  .option("--model <name>", "the model name to measure (its build is what assay runs)", "judge-latest")
+  .option("--gguf <file>", "GGUF for llama.cpp (default: the one the model's build was exported from, .cache/weights/<build>.gguf)")
   .option("--llama-threads <n>", "llama.cpp threads", int("--llama-threads"), 2)
   .option("--workers <n>", "assay inference lanes (ASSAY_WORKERS)", int("--workers"))
   .option("--threads <n>", "onnxruntime threads per lane (ASSAY_INTRA_OP_THREADS)", int("--threads"))
@@ -151,7 +152,8 @@ program
       sustainedCell: string;
       baselines: string;
       naiveSample: number;
-      gguf: string;
+      model: string;
+      gguf?: string;
       llamaThreads: number;
       workers?: number;
       threads?: number;
@@ -173,7 +175,8 @@ program
           sustainedCell: sustainedCell[0] ?? PRIMARY,
           baselines: baselines as Baseline[],
           naiveSample: o.naiveSample,
-          gguf: o.gguf,
+          model: o.model,
+          ...(o.gguf ? { gguf: o.gguf } : {}),
           llamaThreads: o.llamaThreads,
           ...(o.workers ? { workers: o.workers } : {}),
           ...(o.threads ? { threads: o.threads } : {}),

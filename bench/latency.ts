@@ -10,7 +10,8 @@
  *             pipeline = EnginePipeline.run (prompt, tokenize, pack, infer, probabilities)
  *             http    = buildApp + listen on 127.0.0.1:0 + fetch, with a key from a temporary SQLite store
  *   baselines naive      = one full forward pass (state + question) per question, no shared state
- *             llama.cpp  = node-llama-cpp on the GGUF the default model was exported from, on
+ *             llama.cpp  = llama-server built from source with native CPU flags (scripts/build-llama.mjs)
+ *                          on the GGUF the default model was exported from, on
  *                          exactly the same token ids: one pass per question, and the state
  *                          evaluated once with each question after it (KV prefix reuse)
  */
@@ -88,7 +89,9 @@ export interface LatencyOptions {
   sustainedCell: Cell;
   baselines: Baseline[];
   naiveSample: number;
-  gguf: string;
+  /** The model name measured; llama.cpp runs the GGUF its build was exported from unless `gguf` says otherwise. */
+  model: string;
+  gguf?: string;
   llamaThreads: number;
   workers?: number;
   threads?: number;
@@ -191,14 +194,14 @@ interface Work {
   prefix: number[];
 }
 
-function work(lb: LoadedBuild, cell: Cell, states: Map<number, string>): Work {
+function work(lb: LoadedBuild, model: string, cell: Cell, states: Map<number, string>): Work {
   let state = states.get(cell.state);
   if (state === undefined) {
     state = stateOf(lb, cell.state);
     states.set(cell.state, state);
   }
   const questions = choiceQuestions(cell.questions, cell.options);
-  const env: RequestEnvelope = { model: "judge-latest", state, questions };
+  const env: RequestEnvelope = { model, state, questions };
   const prepared = prepare(lb, state, questions);
   const p = prepared.packed;
   const prefix = Array.from(p.inputIds.subarray(0, p.prefixLength), Number);
@@ -454,6 +457,8 @@ export interface LatencyReport {
   model: { name: string; build: string; onnx: string };
   engine: { workers: number; intra_op_threads: number; provider: string };
   llama: string | null;
+  /** llama-bench pp512 on the same GGUF and threads: the figure llama.cpp's users quote. */
+  llama_bench_pp512_tok_s: number | null;
   options: Omit<LatencyOptions, "cells" | "sustainedCell"> & { cells: string[]; sustainedCell: string };
   burst: CellResult[];
   sustained: SustainedResult[];
@@ -470,12 +475,14 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
   const needsHttp = o.layers.includes("http");
   log(`latency: loading the engine (${config.workers} lane(s) × ${config.intraOpThreads} thread(s)) ...`);
   const engine = await EnginePipeline.create(config);
-  const h: Harness = { engine, lb: engine.build("judge-latest"), config };
+  const h: Harness = { engine, lb: engine.build(o.model), config };
+  // The same weights on both sides: the GGUF this build was exported from.
+  const gguf = o.gguf ?? path.join(ROOT, ".cache", "weights", `${path.basename(path.dirname(h.lb.build.onnxPath))}.gguf`);
   try {
     if (needsHttp) h.http = await startHttp(engine);
     if (o.baselines.includes("llama") && o.mode !== "sustained") {
       try {
-        h.llama = await openLlama({ gguf: o.gguf, threads: o.llamaThreads, contextSize: 8192 });
+        h.llama = await openLlama({ gguf, threads: o.llamaThreads, contextSize: 8192 });
         log(`latency: llama.cpp baseline: ${h.llama.description}`);
       } catch (e) {
         h.llamaError = e instanceof Error ? e.message : String(e);
@@ -487,7 +494,7 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
     if (o.mode !== "sustained") {
       for (const cell of o.cells) {
         log(`latency: burst ${cellName(cell)} (${o.warmup} warm-up + ${o.requests} measured per layer)`);
-        const w = work(h.lb, cell, states);
+        const w = work(h.lb, o.model, cell, states);
         const limit = Math.min(config.maxPackedTokens, h.lb.build.manifest.context_length);
         if (w.prepared.packed.inputIds.length > limit) {
           burst.push({
@@ -511,7 +518,7 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
     }
     const sus: SustainedResult[] = [];
     if (o.mode !== "burst") {
-      const w = work(h.lb, o.sustainedCell, states);
+      const w = work(h.lb, o.model, o.sustainedCell, states);
       for (const layer of o.layers) {
         for (const c of o.concurrency) {
           log(`latency: sustained ${layer} concurrency ${c} for ${o.durationS} s on ${cellName(o.sustainedCell)}`);
@@ -529,7 +536,8 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
       model: { name: h.lb.build.manifest.name, build: h.lb.build.manifest.build_hash, onnx: path.relative(ROOT, h.lb.build.onnxPath) },
       engine: { workers: config.workers, intra_op_threads: config.intraOpThreads, provider: config.provider },
       llama: h.llama?.description ?? (h.llamaError ? `unavailable: ${h.llamaError}` : null),
-      options: { ...o, cells: o.cells.map(cellName), sustainedCell: cellName(o.sustainedCell) },
+      llama_bench_pp512_tok_s: h.llama?.pp512TokS ?? null,
+      options: { ...o, gguf: path.relative(ROOT, gguf), cells: o.cells.map(cellName), sustainedCell: cellName(o.sustainedCell) },
       burst,
       sustained: sus,
       goals: goals(burst, sus),

@@ -41,6 +41,12 @@ const Env = z.object({
   ASSAY_WORKERS: z.coerce.number().int().min(1).optional(),
   /** onnxruntime intra-op threads per worker; workers × threads ≈ cores. */
   ASSAY_INTRA_OP_THREADS: z.coerce.number().int().min(1).optional(),
+  /**
+   * CPU only: a second worker per lane runs a short pass (estimated at most
+   * this many ms) beside a long one instead of behind it; 0 turns it off.
+   * Default 1,500 on CPU, 0 on CUDA. See "Fairness" in the README.
+   */
+  ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional(),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
@@ -115,6 +121,8 @@ export type Config = Readonly<{
   cudaFallbackCpu: boolean;
   workers: number;
   intraOpThreads: number;
+  /** 0: no express worker. */
+  expressMaxMs: number;
   queueMax: number;
   maxPackedTokens: number;
   debias: "off" | "cyclic";
@@ -171,6 +179,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     cudaFallbackCpu: e.ASSAY_CUDA_FALLBACK_CPU,
     workers,
     intraOpThreads,
+    expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? 0 : 1_500),
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     debias: e.ASSAY_DEBIAS,

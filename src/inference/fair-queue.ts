@@ -69,6 +69,26 @@ export class FairQueue<T extends FairItem> {
     return item;
   }
 
+  /**
+   * The first waiting pass that `fits`, taking the organizations in order of
+   * virtual time and each one's passes in its own order: for the express
+   * worker, which serves short passes beside the one running. Charged to its
+   * organization's virtual time like any pass; `vnow` stays with the main
+   * worker's pass.
+   */
+  shiftFirst(fits: (item: T) => boolean): T | undefined {
+    const order = [...this.orgs.values()].filter((q) => q.items.length > 0).sort((a, b) => a.vtime - b.vtime);
+    for (const q of order) {
+      const i = q.items.findIndex(fits);
+      if (i < 0) continue;
+      const [item] = q.items.splice(i, 1);
+      this.count--;
+      q.vtime += Math.max(0, item!.cost);
+      return item;
+    }
+    return undefined;
+  }
+
   /** Removes a waiting pass (its request was cancelled); false when it is not here. */
   remove(item: T): boolean {
     const q = this.orgs.get(item.org);

@@ -72,10 +72,31 @@ interface Job {
   cleanup(): void;
 }
 
+/**
+ * A lane's second worker (CPU, ASSAY_EXPRESS_MAX_MS > 0): it takes a short
+ * waiting pass while the main worker is busy with a long one, so a small
+ * request does not wait out a large request's pass. The two share the cores:
+ * measured here (2 cores, 2 threads each, 0.5B), a 189-token pass took 0.41 s
+ * alone and about 0.8 s beside a 4,759-token one, and the pair did the same
+ * total work per second as one worker (bench/RESULTS.md, "Fairness").
+ * Models load into it on first need (no memory spent until passes contend);
+ * a pass whose model is still loading waits for the main worker.
+ */
+interface Express {
+  pool: Piscina;
+  running: Job | null;
+  runningSince: number;
+  /** Models loaded in the express worker. */
+  ready: Set<string>;
+  /** The model being loaded into it, if any (one at a time). */
+  loading: string | null;
+}
+
 interface Lane {
   index: number;
   pool: Piscina;
   opts: LaneOptions;
+  express: Express | null;
   queue: FairQueue<Job>;
   system: Job[];
   running: Job | null;
@@ -223,6 +244,7 @@ export class InferencePool {
   private readonly provider: "cpu" | "cuda";
   private readonly threads: number;
   private readonly queueSource = () => this.pending();
+  private readonly expressMaxMs: number;
   /** Workers that died and were replaced since start. */
   restarts = 0;
 
@@ -251,7 +273,8 @@ export class InferencePool {
             testFaults,
           }));
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));
-    this.lanes = opts.map((o, index) => {
+    this.expressMaxMs = config.provider === "cpu" ? config.expressMaxMs : 0;
+    const worker = (o: LaneOptions, name: string) => {
       const pool = new Piscina({
         filename: WORKER_FILE,
         minThreads: 1,
@@ -262,8 +285,14 @@ export class InferencePool {
       });
       // A worker that fails with no task in hand is reported as an 'error'
       // event; unhandled, EventEmitter would take the whole process down.
-      pool.on("error", (err: unknown) => console.error(`[assay] inference lane ${index}: ${String(err)}`));
-      return { index, pool, opts: o, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
+      pool.on("error", (err: unknown) => console.error(`[assay] inference ${name}: ${String(err)}`));
+      return pool;
+    };
+    this.lanes = opts.map((o, index) => {
+      const express: Express | null =
+        this.expressMaxMs > 0 ? { pool: worker(o, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
+      const pool = worker(o, `lane ${index}`);
+      return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
     });
     metrics.queueSources.add(this.queueSource);
   }
@@ -279,7 +308,7 @@ export class InferencePool {
 
   /** Tasks running in a worker now, over all lanes. */
   get running(): number {
-    return this.lanes.reduce((s, l) => s + (l.running ? 1 : 0), 0);
+    return this.lanes.reduce((s, l) => s + (l.running ? 1 : 0) + (l.express?.running ? 1 : 0), 0);
   }
 
   /** Requests admitted and not yet finished, over all lanes. */
@@ -396,7 +425,8 @@ export class InferencePool {
     let j: Judgement | null = d ? judge(numbers) : null;
     // The request-count bound (ASSAY_QUEUE_MAX) still holds: requests admitted on the lane and not running now.
     const busy = lane.running !== null || lane.queue.length > 0;
-    const waiting = lane.works.size - (lane.running?.work ? 1 : 0) + [...lane.queue].filter((x) => !x.work).length;
+    const waiting =
+      lane.works.size - (lane.running?.work ? 1 : 0) - (lane.express?.running?.work ? 1 : 0) + [...lane.queue].filter((x) => !x.work).length;
     if (busy && waiting >= this.perLaneQueue) {
       j = { deadlineMs: j?.deadlineMs ?? 0, refused: "queue_full", retryAfterS: Math.max(1, Math.ceil(b.aheadMs / 1000)) };
     }
@@ -489,20 +519,73 @@ export class InferencePool {
   }
 
   private dispatch(lane: Lane): void {
-    if (lane.running || this.closed) return;
-    const job = this.next(lane);
-    if (!job) return;
-    lane.running = job;
-    lane.runningSince = performance.now();
-    metrics.queueWait.observe((lane.runningSince - job.enqueuedAt) / 1000);
+    if (this.closed) return;
+    if (!lane.running) {
+      const job = this.next(lane);
+      if (job) {
+        lane.running = job;
+        lane.runningSince = performance.now();
+        this.start(lane, job, null);
+      }
+    }
+    this.dispatchExpress(lane);
+  }
+
+  /**
+   * A short pass to the express worker, while the main worker still has a
+   * long one to go (at least twice the short pass's estimate: otherwise
+   * waiting for it costs the short pass about as much as sharing the cores),
+   * and only another organization's: the one whose pass holds the main
+   * worker does not get the cores twice over.
+   */
+  private dispatchExpress(lane: Lane): void {
+    const x = lane.express;
+    if (!x || x.running || !lane.running || this.closed) return;
+    const now = performance.now();
+    const rest = lane.running.cost - (now - lane.runningSince);
+    const busyOrg = lane.running.org;
+    const fits = (j: Job) => j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressMaxMs && 2 * j.cost <= rest;
+    const job = lane.queue.shiftFirst((j) => fits(j) && x.ready.has(j.task.model));
+    if (job) {
+      metrics.queueDepth.dec();
+      metrics.expressPasses.inc();
+      x.running = job;
+      x.runningSince = now;
+      this.start(lane, job, x);
+      return;
+    }
+    // A short pass would go beside, but its model is not in the express worker yet: load it for next time.
+    const want = [...lane.queue].find((j) => fits(j) && this.loaded.has(j.task.model));
+    if (want && x.loading === null) {
+      const model = want.task.model;
+      x.loading = model;
+      x.pool.run({ kind: "load", model } satisfies Task).then(
+        (r: unknown) => {
+          if (!(r as TaskResult).ok) return;
+          if (this.loaded.has(model)) x.ready.add(model);
+          else void x.pool.run({ kind: "unload", model } satisfies Task).catch(() => {}); // unloaded meanwhile
+        },
+        (e: unknown) => console.error(`[assay] inference lane ${lane.index} (express): load of ${model} failed: ${String(e)}`),
+      ).finally(() => {
+        x.loading = null;
+        this.dispatch(lane);
+      });
+    }
+  }
+
+  /** Runs a job on the lane's main worker (`x` null) or its express worker. */
+  private start(lane: Lane, job: Job, x: Express | null): void {
+    const since = x ? x.runningSince : lane.runningSince;
+    metrics.queueWait.observe((since - job.enqueuedAt) / 1000);
     const transfer: ArrayBuffer[] = [];
-    lane.pool
+    (x ? x.pool : lane.pool)
       .run(job.task, { transferList: transfer })
       .then(
         (r: unknown) => {
           const res = r as TaskResult;
-          // Every pass that ran teaches its build's estimate, whether or not its caller still waits.
-          if (res.ok && job.task.kind === "infer" && job.shape && "runMs" in res) {
+          // Every pass that ran alone on its cores teaches its build's estimate, whether or not its caller still
+          // waits; an express pass shared them, so its time is not what the model's pass costs.
+          if (!x && res.ok && job.task.kind === "infer" && job.shape && "runMs" in res) {
             const c = this.costModel(job.task.model);
             c.observe(job.shape, res.runMs);
             this.publish(job.task.model, c);
@@ -518,8 +601,13 @@ export class InferencePool {
           const msg = e instanceof Error ? e.message : String(e);
           this.restarts++;
           metrics.workerRestarts.inc();
-          console.error(`[assay] inference lane ${lane.index}: worker died (${msg}); piscina starts a replacement`);
+          console.error(`[assay] inference lane ${lane.index}${x ? " (express)" : ""}: worker died (${msg}); piscina starts a replacement`);
           job.reject(new AssayError("MODEL_FAILED", `the model worker failed and was restarted: ${msg}; retry the request`));
+          // The express worker's replacement loads models again on first need.
+          if (x) {
+            x.ready.clear();
+            return;
+          }
           // Reload before anything else runs on the new thread (not when a load itself killed it: no loop).
           if (job.task.kind !== "infer") return;
           for (const model of this.loaded) {
@@ -534,8 +622,9 @@ export class InferencePool {
       )
       .finally(() => {
         const now = performance.now();
-        if (job.bounded) this.recordUsage(lane, job.org, now - lane.runningSince, now);
-        lane.running = null;
+        if (job.bounded) this.recordUsage(lane, job.org, now - since, now);
+        if (x) x.running = null;
+        else lane.running = null;
         this.dispatch(lane);
       });
   }
@@ -582,7 +671,13 @@ export class InferencePool {
     const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, { bounded: false, cost })));
     for (const r of out) if (!r.ok) throw new AssayError(r.code, r.message);
     if (loaded) this.loaded.add(model);
-    else this.loaded.delete(model);
+    else {
+      this.loaded.delete(model);
+      for (const x of this.lanes.map((l) => l.express)) {
+        if (!x?.ready.delete(model)) continue;
+        x.pool.run({ kind: "unload", model } satisfies Task).catch((e: unknown) => console.error(`[assay] express unload of ${model} failed: ${String(e)}`));
+      }
+    }
     return out as LoadOk[];
   }
 
@@ -616,6 +711,6 @@ export class InferencePool {
       }
       for (const w of [...l.works]) w.release();
     }
-    await Promise.all(this.lanes.map((l) => l.pool.destroy()));
+    await Promise.all(this.lanes.flatMap((l) => [l.pool.destroy(), ...(l.express ? [l.express.pool.destroy()] : [])]));
   }
 }

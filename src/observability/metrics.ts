@@ -110,6 +110,12 @@ export class Metrics {
     this.queueWorkSeconds.set(ms / 1000);
   }
 
+  readonly expressPasses = new Counter({
+    name: "assay_express_passes_total",
+    help: "Short passes run by a lane's express worker beside a long pass instead of behind it (ASSAY_EXPRESS_MAX_MS).",
+    registers: [this.registry],
+  });
+
   readonly workerRestarts = new Counter({
     name: "assay_worker_restarts_total",
     help: "Inference workers that died (crashed or exited) and were replaced.",

@@ -174,6 +174,46 @@ describe("fair between organizations", () => {
   });
 });
 
+describe("a short pass beside a long one (the express worker)", () => {
+  const expressPasses = async () => sample(await metricsText(), "assay_express_passes_total", {});
+
+  it("another organization's one-line request runs beside a long pass and is answered before it", async () => {
+    t = await makeOpsApp(engine);
+    const other = t.accounts.createKey("gamma");
+    const long = noul(longState(300));
+    expect(estimateOf(long)).toBeGreaterThan(2 * estimateOf(noul(SHORT)));
+    // The express worker loads a model the first time a short pass could go beside a long one, so the
+    // first round may run in order; within a few rounds the short request must overtake.
+    const rounds: { order: string[]; beside: number }[] = [];
+    for (let round = 0; round < 4 && !rounds.some((r) => r.beside > 0); round++) {
+      const before = await expressPasses();
+      const order: string[] = [];
+      const a = post({ ...long, state: `${long.state} (${round})` }).then((r) => (order.push("long"), r));
+      await until(() => engine.pool.running === 1, "the long request to reach the worker");
+      const b = post(noul(`${SHORT} Round ${round}.`), other.key).then((r) => (order.push("short"), r));
+      const [ra, rb] = await Promise.all([a, b]);
+      expect([ra.statusCode, rb.statusCode]).toEqual([200, 200]);
+      rounds.push({ order, beside: (await expressPasses()) - before });
+    }
+    const overtaken = rounds.find((r) => r.beside > 0);
+    expect(overtaken, JSON.stringify(rounds)).toBeDefined();
+    expect(overtaken!.order).toEqual(["short", "long"]);
+  });
+
+  it("not for the organization whose pass holds the main worker: its own short request waits its turn", async () => {
+    t = await makeOpsApp(engine);
+    const before = await expressPasses();
+    const order: string[] = [];
+    const a = post(noul(longState(300))).then((r) => (order.push("long"), r));
+    await until(() => engine.pool.running === 1, "the long request to reach the worker");
+    const b = post(noul(`${SHORT} Same organization.`)).then((r) => (order.push("short"), r));
+    const [ra, rb] = await Promise.all([a, b]);
+    expect([ra.statusCode, rb.statusCode]).toEqual([200, 200]);
+    expect(order).toEqual(["long", "short"]);
+    expect(await expressPasses()).toBe(before);
+  });
+});
+
 describe("cancellation of a request split into several passes", () => {
   it("a deadline that passes while the first pass runs starts none of the others; nothing is charged", async () => {
     // Code search items longer than the 512-token pass limit allows together: one pass per few items.
