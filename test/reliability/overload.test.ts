@@ -188,6 +188,11 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
         flood: { sent: by("flood").length, statuses: statuses("flood"), p50ms: lat(by("flood", 200), 50), p99ms: lat(by("flood", 200), 99) },
         small: { sent: by("small").length, statuses: statuses("small"), p50ms: lat(by("small", 200), 50), p99ms: lat(by("small", 200), 99), idleP50ms: Math.round(idleP50) },
         smallP99OverIdleP50: Math.round((percentile(by("small", 200).map((o) => o.ms), 99) / idleP50) * 100) / 100,
+        // The small organization's five slowest, with when they were answered (s into the flood): where the tail comes from.
+        smallSlowest: by("small", 200)
+          .sort((a, b) => b.ms - a.ms)
+          .slice(0, 5)
+          .map((o) => ({ ms: Math.round(o.ms), atS: Math.round(o.doneAt / 100) / 10 })),
         goodputTokensPerSecond: Math.round(goodput),
         goodputOverSingleClient: Math.round((goodput / singleTokensPerSecond) * 1000) / 1000,
         retryAfterSeconds: busy.length ? { min: Math.min(...retryAfters), max: Math.max(...retryAfters) } : null,
