@@ -3,13 +3,13 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
-import { factcheckClaim, factcheckPrefixParts } from "../prompt/families.js";
+import { factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { likelyEscalated, workRequest } from "../inference/work.js";
 import { branchCost, encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
-import { buildPrefix } from "../prompt/index.js";
+import { buildPrefix, isStatement } from "../prompt/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -54,7 +54,23 @@ interface EncodedDocument {
   lb: LoadedBuild;
   /** Per chunk: the prefix token ids (system text + that window of the document). */
   prefixes: number[][];
+  /**
+   * Claim i's yes/no reading is branch i (the billed one); a claim written as
+   * a statement also has a true/false reading, branch `second[i]` (unbilled).
+   */
   claims: EncodedBranches;
+  second: (number | null)[];
+}
+
+/** The branches that read `which` claims: each claim's yes/no reading and, for a statement, its true/false one. */
+function readingsOf(d: EncodedDocument, which: readonly number[]): number[] {
+  return [...which, ...which.flatMap((i) => (d.second[i] === null ? [] : [d.second[i]!]))];
+}
+
+/** A claim's P(supported): the mean log-odds of its readings (as the general family averages a statement's). */
+function claimProbability(d: EncodedDocument, p: readonly number[], i: number): number {
+  const j = d.second[i];
+  return j === null || j === undefined ? p[i]! : sigmoid((logit(p[i]!) + logit(p[j]!)) / 2);
 }
 
 function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number): EncodedDocument {
@@ -63,12 +79,22 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
   const tailIds = lb.tokenizer.encode(tail);
   const docIds = lb.tokenizer.encode(document);
   const prefixes = chunkRanges(docIds.length, chunkTokens, overlap).map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
-  // The claims are encoded once; each chunk's pass reuses them under its own prefix.
-  const claimBranches = encodeBranches(lb, [], claims.map((c) => factcheckClaim(lb.style, c)));
-  return { lb, prefixes, claims: claimBranches };
+  // The claims are encoded once; each chunk's pass reuses them under its own prefix. A claim is
+  // read twice when it is a statement: "does the document support …" (yes/no) and "is the statement
+  // true or false" (true/false), as the general family reads a noul statement. Measured on the fact
+  // check dev sets, bench/RESULTS.md (issue 18, session 6).
+  const statements = claims.map((c) => isStatement({ type: "noul", instructions: c }));
+  const second: (number | null)[] = [];
+  let next = claims.length;
+  for (const st of statements) second.push(st ? next++ : null);
+  const texts = [
+    ...claims.map((c) => factcheckClaim(lb.style, c)),
+    ...claims.flatMap((c, i) => (statements[i] ? [factcheckClaimTrueFalse(lb.style, c)] : [])),
+  ];
+  return { lb, prefixes, claims: encodeBranches(lb, [], texts), second };
 }
 
-/** Tokens the model reads to score `which` claims: each chunk's prefix plus those claims, per chunk. */
+/** Tokens billed for `which` claims: each chunk's prefix plus those claims as written (yes/no reading), per chunk. */
 function readTokens(d: EncodedDocument, which: readonly number[]): number {
   const claimTokens = which.reduce((s, i) => s + d.claims.suffixTokens[i]!, 0);
   return d.prefixes.reduce((s, prefix) => s + prefix.length + claimTokens, 0);
@@ -88,13 +114,16 @@ function priorOf(lb: LoadedBuild): FamilyPrior | null {
  * sounds plausible on its own; what is left is what the document moved.
  */
 async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], ctx: PipelineContext): Promise<Scored> {
-  const p = d.claims.branches.map(() => Number.NaN);
-  const bestChunk = d.claims.branches.map(() => 0);
+  const n = d.second.length;
+  const p = new Array<number>(n).fill(Number.NaN);
+  const bestChunk = new Array<number>(n).fill(0);
+  const branches = readingsOf(d, which);
   for (const [ci, prefix] of d.prefixes.entries()) {
-    const r = await scoreYesNo(fam.pool, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, which);
+    const r = await scoreYesNo(fam.pool, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, branches);
     for (const i of which) {
-      if (!(p[i]! >= r.p[i]!)) {
-        p[i] = r.p[i]!;
+      const q = claimProbability(d, r.p, i);
+      if (!(p[i]! >= q)) {
+        p[i] = q;
         bestChunk[i] = ci;
       }
     }
@@ -102,9 +131,11 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   const prior = priorOf(d.lb);
   if (prior) {
     const t0 = performance.now();
-    const reads = await fam.priors.read(d.lb, fam.pool, prior.state, which.map((i) => d.claims.branches[i]!), fam.maxPackedTokens, ctx.signal);
+    const reads = await fam.priors.read(d.lb, fam.pool, prior.state, branches.map((b) => d.claims.branches[b]!), fam.maxPackedTokens, ctx.signal);
     ctx.timings.add("inference", performance.now() - t0);
-    which.forEach((i, n) => (p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(yesProbability(reads[n]!)))));
+    const neutral = new Array<number>(d.claims.branches.length).fill(Number.NaN);
+    branches.forEach((b, k) => (neutral[b] = yesProbability(reads[k]!)));
+    for (const i of which) p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(claimProbability(d, neutral, i)));
   }
   return { p, bestChunk, tokens: readTokens(d, which) };
 }
@@ -114,7 +145,7 @@ function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[
   const prior = priorOf(d.lb);
   if (!prior) return [];
   const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which);
+  return plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which));
 }
 
 export async function runFactCheck(
@@ -145,8 +176,10 @@ export async function runFactCheck(
     ctx.timings.add("tokenize", performance.now() - t0);
     const limit = Math.min(fam.maxPackedTokens, first.build.manifest.context_length);
     const longest = Math.max(...small.prefixes.map((x) => x.length));
-    small.claims.branches.forEach((b, i) => {
-      if (longest + branchCost(b) > limit) {
+    all.forEach((i) => {
+      const b = small.claims.branches[i]!;
+      const widest = Math.max(...readingsOf(small, [i]).map((j) => branchCost(small.claims.branches[j]!)));
+      if (longest + widest > limit) {
         throw invalid(
           `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document window of ${longest} tokens ` +
             `it exceeds the ${limit}-token limit of one pass; send a shorter claim`,
@@ -157,7 +190,7 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, which)),
+      ...d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which))),
       ...priorPasses(fam, d, which),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];

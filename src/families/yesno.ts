@@ -22,11 +22,23 @@ export interface EncodedBranches {
   suffixTokens: number[];
 }
 
-/** `prefix` as text, or already as token ids (a document chunk cut by tokens). */
-export function encodeBranches(lb: LoadedBuild, prefix: string | number[], suffixTexts: readonly string[]): EncodedBranches {
+/**
+ * `prefix` as text, or already as token ids (a document chunk cut by tokens).
+ * A branch is its suffix text, read over yes/no; or its suffix with its own
+ * labels (positive forms first, then negative, as YES_NO).
+ */
+export function encodeBranches(
+  lb: LoadedBuild,
+  prefix: string | number[],
+  suffixes: readonly (string | { suffix: string; labels: readonly string[] })[],
+): EncodedBranches {
   const labels = yesNoLabels(lb.style).map((l) => labelIds(lb, l));
   const prefixIds = typeof prefix === "string" ? lb.tokenizer.encode(prefix) : prefix;
-  const branches = suffixTexts.map((s) => ({ suffix: lb.tokenizer.encode(s), labels, terminator: lb.terminator }));
+  const branches = suffixes.map((s) =>
+    typeof s === "string"
+      ? { suffix: lb.tokenizer.encode(s), labels, terminator: lb.terminator }
+      : { suffix: lb.tokenizer.encode(s.suffix), labels: s.labels.map((l) => labelIds(lb, l)), terminator: lb.terminator },
+  );
   return { prefix: prefixIds, branches, suffixTokens: branches.map((b) => b.suffix.length) };
 }
 
@@ -120,7 +132,7 @@ export async function scoreYesNo(
   return { p, passes: passes.length };
 }
 
-/** P(yes) = mass of the yes forms over the mass of all forms, from the label log-probabilities. */
+/** P(yes) = mass of the yes forms over the mass of all forms, from the label log-probabilities (any labels ordered as YES_NO). */
 export function yesProbability(lp: readonly number[]): number {
   if (!lp.every(Number.isFinite)) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
   let yes = 0;

@@ -542,7 +542,9 @@ export class InferencePool {
     const x = lane.express;
     if (!x || x.running || !lane.running || this.closed) return;
     const now = performance.now();
-    const rest = lane.running.cost - (now - lane.runningSince);
+    // A long pass that has overrun its estimate (slowed by the express worker beside it, say) still has
+    // a way to go: its rest is taken as at least a quarter of its estimate, not as nothing.
+    const rest = Math.max(lane.running.cost - (now - lane.runningSince), 0.25 * lane.running.cost);
     const busyOrg = lane.running.org;
     const fits = (j: Job) => j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressMaxMs && 2 * j.cost <= rest;
     const job = lane.queue.shiftFirst((j) => fits(j) && x.ready.has(j.task.model));

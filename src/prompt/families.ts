@@ -1,4 +1,4 @@
-import { closeTurn, label, SYSTEM, type PromptStyle } from "./index.js";
+import { buildQuestion, closeTurn, label, SYSTEM, type PromptStyle } from "./index.js";
 
 /**
  * Prompts of the fact check and code search families. Each is one shared
@@ -35,6 +35,17 @@ export function factcheckClaim(style: PromptStyle, claim: string): string {
   return closeTurn(style, `Based on the state above, answer the question.\nQuestion: ${CLAIM_QUESTION}${claim.trim()}\nAnswer yes or no.`);
 }
 
+/**
+ * A claim's second reading: the claim as a statement, "true or false?", read
+ * over true/false, exactly as the general family reads a `noul` statement
+ * (one prompt path: buildQuestion). The two readings' log-odds are averaged.
+ * Labels are positive first, like YES_NO.
+ */
+export function factcheckClaimTrueFalse(style: PromptStyle, claim: string): { suffix: string; labels: string[] } {
+  const q = buildQuestion(style, "claim", { type: "noul", instructions: claim.trim() }, undefined, { trueFalse: true });
+  return { suffix: q.suffix, labels: q.labels };
+}
+
 // ---- code search ------------------------------------------------------------
 
 export interface CodeItem {
@@ -50,7 +61,7 @@ export interface CodeItem {
  * (`assay calibrate`) are keyed by it, since a fit belongs to the prompt it
  * was fitted under as much as to the weights.
  */
-export const FAMILY_PROMPT_VERSION = 3;
+export const FAMILY_PROMPT_VERSION = 4;
 
 // Measured on 5 dev rows (150 items) with the 0.5B build: this framing (a bug
 // report, the item as a fenced file, "would you need to look at it") gave

@@ -8,9 +8,9 @@ import { AssayError } from "../../src/errors/catalogue.js";
 import { DEFAULT_BAND } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
 import { FactCheckFit, familyFit } from "../../src/families/types.js";
-import { encodeBranches, yesProbability } from "../../src/families/yesno.js";
+import { encodeBranches, scoreYesNo, yesProbability } from "../../src/families/yesno.js";
 import { logit } from "../../src/probability/calibration.js";
-import { factcheckClaim, factcheckPrefixParts } from "../../src/prompt/families.js";
+import { factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../../src/prompt/families.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
@@ -119,6 +119,24 @@ describe("fact check", () => {
     expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
   });
 
+  it("reads a statement twice, as the general family does: the mean log-odds of its yes/no and true/false readings", async () => {
+    const lb = engine.build("judge-factcheck-lite");
+    const claim = "The bridge reopened in May 2024.";
+    const res = await ask("judge-factcheck-lite", doc, { c: { type: "noul", instructions: claim } });
+    const raw = (res.details as Record<string, Detail>).c!.raw;
+    const { head, tail } = factcheckPrefixParts(lb.style);
+    // The document's window is tokenized apart from the text around it (it is cut by tokens).
+    const prefix = [head, doc, tail].flatMap((t) => lb.tokenizer.encode(t));
+    const single = async (branch: string | { suffix: string; labels: string[] }) => {
+      const r = await scoreYesNo(engine.pool, lb, encodeBranches(lb, prefix, [branch]), 8192, { timings: new Timings() } as never);
+      return r.p[0]!;
+    };
+    const yesNo = await single(factcheckClaim(lb.style, claim));
+    const trueFalse = await single(factcheckClaimTrueFalse(lb.style, claim));
+    expect(Math.abs(logit(yesNo) - logit(trueFalse))).toBeGreaterThan(1e-3);
+    expect(logit(raw)).toBeCloseTo((logit(yesNo) + logit(trueFalse)) / 2, 3);
+  });
+
   it("takes the content-free prior in the build's fit off each claim's score: weight × its log-odds against the neutral document", async () => {
     const lb = engine.build("judge-factcheck-lite");
     const m = lb.build.manifest;
@@ -134,9 +152,10 @@ describe("fact check", () => {
     try {
       const plain = await withPrior({ weight: 0, state: "" });
       const corrected = await withPrior({ weight: 0.5, state: "" });
-      const branch = encodeBranches(lb, [], [factcheckClaim(lb.style, claim)]).branches[0]!;
-      const [neutral] = await engine.priors.read(lb, engine.pool, "", [branch], 8192);
-      const lean = logit(yesProbability(neutral!));
+      // The claim is a statement, so it is read twice (yes/no and true/false) against the neutral document too.
+      const branches = encodeBranches(lb, [], [factcheckClaim(lb.style, claim), factcheckClaimTrueFalse(lb.style, claim)]).branches;
+      const neutral = await engine.priors.read(lb, engine.pool, "", branches, 8192);
+      const lean = (logit(yesProbability(neutral[0]!)) + logit(yesProbability(neutral[1]!))) / 2;
       expect(Math.abs(lean)).toBeGreaterThan(0.01);
       expect(logit(corrected)).toBeCloseTo(logit(plain) - 0.5 * lean, 4);
     } finally {

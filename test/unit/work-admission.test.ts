@@ -164,6 +164,24 @@ describe("the fair queue", () => {
     expect(drain(q)).toEqual(["a1", "b3", "a2", "b4", "a3"]);
   });
 
+  it("shiftFirst (the express worker's pick): the first pass that fits, organizations by virtual time, charged like any pass", () => {
+    const q = new FairQueue<Item>();
+    for (let i = 0; i < 3; i++) q.push(item("flood", 1000, `F${i}`));
+    q.push(item("flood", 100, "f-short"));
+    q.push(item("small", 100, "s0"));
+    q.push(item("small", 100, "s1"));
+    const short = (x: Item) => x.cost <= 200;
+    // The main worker takes the flood's head; "small" is now furthest behind.
+    expect(q.shift()!.name).toBe("F0");
+    // Its head goes beside, though the flood has a short pass queued too.
+    expect(q.shiftFirst(short)!.name).toBe("s0");
+    expect(q.shiftFirst((x) => short(x) && x.org !== "small")!.name).toBe("f-short");
+    expect(q.shiftFirst((x) => x.cost < 10)).toBeUndefined();
+    expect(q.length).toBe(3);
+    // s0 and f-short were charged to their organizations: "small" (100) is still behind the flood (1,100).
+    expect(drain(q)).toEqual(["s1", "F1", "F2"]);
+  });
+
   it("removes a cancelled pass", () => {
     const q = new FairQueue<Item>();
     const x = item("a", 10, "x");
