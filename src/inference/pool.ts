@@ -189,13 +189,6 @@ class Work implements AdmittedWork {
   }
 }
 
-/**
- * The main worker's nice value when the lane has an express worker: CFS then gives the express
- * worker's threads about three quarters of the cores while both run (weights 1024 against 335),
- * and the main worker all of them when it runs alone.
- */
-const MAIN_WORKER_NICE = 5;
-
 const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after about one second";
 
 /** Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it). */
@@ -298,8 +291,7 @@ export class InferencePool {
     this.lanes = opts.map((o, index) => {
       const express: Express | null =
         this.expressMaxMs > 0 ? { pool: worker(o, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
-      // With an express worker beside it, the main worker yields the cores to it while both run.
-      const pool = worker(express ? { ...o, nice: MAIN_WORKER_NICE } : o, `lane ${index}`);
+      const pool = worker(o, `lane ${index}`);
       return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
     });
     metrics.queueSources.add(this.queueSource);

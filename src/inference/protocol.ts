@@ -9,12 +9,6 @@ export interface LaneOptions {
   intraOpThreads: number;
   /** Fall back to the CPU provider when CUDA cannot start. */
   cudaFallbackCpu: boolean;
-  /**
-   * CPU: the nice value of this worker's threads (onnxruntime's threads inherit it from the worker
-   * thread that creates them). A lane's main worker runs at a higher one than its express worker, so
-   * that a short pass beside a long one gets most of the cores. 0 or absent: unchanged.
-   */
-  nice?: number;
   /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */
   testFaults?: boolean;
 }

@@ -1,4 +1,3 @@
-import os from "node:os";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
 import type { InferTask, LaneOptions, Task, TaskResult } from "./protocol.js";
@@ -9,15 +8,6 @@ import type { InferTask, LaneOptions, Task, TaskResult } from "./protocol.js";
  * here and never on the event loop.
  */
 const lane = workerData as LaneOptions;
-// On Linux a thread's nice value is its own (setpriority on "0" means the calling thread), and the
-// threads onnxruntime starts for this worker's sessions inherit it. Raising it needs no privilege.
-if (lane.nice) {
-  try {
-    os.setPriority(0, lane.nice);
-  } catch (e) {
-    console.error(`[assay] could not set the inference worker's nice value to ${lane.nice}: ${String(e)}`);
-  }
-}
 const sessions = new Map<string, Promise<{ session: ort.InferenceSession; provider: string }>>();
 
 async function create(model: string): Promise<{ session: ort.InferenceSession; provider: string }> {
