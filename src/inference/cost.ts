@@ -120,6 +120,13 @@ const PRIOR_SHAPES: PassShape[] = [
   { tokens: 8_000, prefix: 7_000, branches: 8, width: 120 },
 ];
 
+/** Prediction errors kept: the last this many passes of at least ERROR_MIN_MS estimated. */
+const ERROR_WINDOW = 32;
+/** Shorter passes are mostly fixed overhead and timer noise, and too short to push a request past its deadline. */
+const ERROR_MIN_MS = 200;
+/** Fewer errors than this say nothing yet: the overrun reads 1. */
+const ERROR_MIN_COUNT = 8;
+
 const features = (s: PassShape): [number, number, number] => [1, s.tokens, attentionPairs(s)];
 const estimateWith = (c: CostCoefficients, s: PassShape) => c.perPass + c.perToken * s.tokens + c.perPair * attentionPairs(s);
 
@@ -135,6 +142,8 @@ export class CostModel {
   private ratioWeight = 0;
   private logRatioSum = 0;
   private coef: CostCoefficients;
+  /** measured / estimated of recent passes, the estimate taken before the pass taught the model (ring). */
+  private readonly errors: number[] = [];
   /** Passes observed so far. */
   passes = 0;
 
@@ -154,6 +163,11 @@ export class CostModel {
   /** A pass of shape `s` ran in `ms` (inside session.run). */
   observe(s: PassShape, ms: number): void {
     if (!(ms > 0) || !Number.isFinite(ms)) return;
+    const predicted = this.estimate(s);
+    if (predicted >= ERROR_MIN_MS) {
+      this.errors.push(ms / predicted);
+      if (this.errors.length > ERROR_WINDOW) this.errors.shift();
+    }
     for (let i = 0; i < 9; i++) this.xx[i]! *= FORGET;
     for (let i = 0; i < 3; i++) this.xy[i]! *= FORGET;
     this.priorWeight = Math.max(PRIOR_FLOOR, this.priorWeight * FORGET);
@@ -165,6 +179,19 @@ export class CostModel {
     this.accumulate(this.xx, this.xy, s, ms, 1);
     this.passes++;
     this.coef = this.fit();
+  }
+
+  /**
+   * How far recent passes overran their estimates: the q-quantile of
+   * measured / estimated over the last ERROR_WINDOW passes (1 until there
+   * are ERROR_MIN_COUNT). The fit follows the machine's mean pace; this is
+   * its spread, which on a shared 2-core machine reached 1.4–1.7× the
+   * estimate for single passes while the mean stayed near 1.
+   */
+  overrun(q = 0.8): number {
+    if (this.errors.length < ERROR_MIN_COUNT) return 1;
+    const sorted = [...this.errors].sort((a, b) => a - b);
+    return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
   }
 
   /**

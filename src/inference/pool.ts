@@ -13,7 +13,7 @@ import { CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape 
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
 import type { InferOk, InferTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
-import { fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type RequestDeadline, type WorkRequest } from "./work.js";
+import { admissionSafety, fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type RequestDeadline, type WorkRequest } from "./work.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
 export const WORKER_FILE = path.join(ROOT, "dist", "src", "inference", "worker.js");
@@ -146,7 +146,7 @@ class Work implements AdmittedWork {
     tokens: number,
     readonly waitMs: number,
     public deadlineMs: number | null,
-    private readonly pool: Pick<InferencePool, "estimate">,
+    private readonly pool: Pick<InferencePool, "estimate" | "safety">,
     private readonly deadline: RequestDeadline | undefined,
   ) {
     this.remainingMs = estimateMs;
@@ -167,7 +167,7 @@ class Work implements AdmittedWork {
     this.estimateMs = this.consumedMs + this.remainingMs;
     const d = this.deadline;
     if (!d || this.deadlineMs === null) return;
-    const j = judge({ ownMs: this.estimateMs, waitMs: 0, elapsedMs: 0, defaultMs: d.defaultMs, maxMs: d.maxMs });
+    const j = judge({ ownMs: this.estimateMs, waitMs: 0, elapsedMs: 0, defaultMs: d.defaultMs, maxMs: d.maxMs }, this.pool.safety());
     if (j.deadlineMs > this.deadlineMs) {
       this.deadlineMs = j.deadlineMs;
       d.admitted({ deadlineMs: j.deadlineMs, ownMs: this.estimateMs, waitMs: this.waitMs });
@@ -331,6 +331,14 @@ export class InferencePool {
     const build = path.basename(path.dirname(model));
     metrics.buildMsPerToken.set({ build }, c.coefficients.perToken);
     metrics.buildMsPerPair.set({ build }, c.coefficients.perPair);
+    metrics.admissionSafety.set(this.safety());
+  }
+
+  /** The admission headroom now: SAFETY, raised while any build's recent passes overrun their estimates. */
+  safety(): number {
+    let overrun = 1;
+    for (const c of this.costs.values()) overrun = Math.max(overrun, c.overrun());
+    return admissionSafety(overrun);
   }
 
   /** Estimated ms of passes, each by its build's cost model. */
@@ -422,7 +430,7 @@ export class InferencePool {
     const d = req.deadline;
     const elapsedMs = d ? now - d.arrivedAt : 0;
     const numbers = { ownMs, waitMs, elapsedMs, defaultMs: d?.defaultMs ?? 0, maxMs: d?.maxMs ?? 0 };
-    let j: Judgement | null = d ? judge(numbers) : null;
+    let j: Judgement | null = d ? judge(numbers, this.safety()) : null;
     // The request-count bound (ASSAY_QUEUE_MAX) still holds: requests admitted on the lane and not running now.
     const busy = lane.running !== null || lane.queue.length > 0;
     const waiting =

@@ -20,7 +20,9 @@ import type { PassShape } from "./cost.js";
  *
  * `SAFETY` keeps the queue short of the deadline by a quarter: a queue longer
  * than what keeps the lane busy adds no throughput, only risk (a mis-estimate
- * becomes a 504 after the machine spent the time).
+ * becomes a 504 after the machine spent the time). The pool raises it, up to
+ * SAFETY_MAX, while recent passes overrun their estimates by more than the
+ * quarter covers (`admissionSafety`).
  */
 
 /**
@@ -32,6 +34,21 @@ import type { PassShape } from "./cost.js";
 export const DEADLINE_MARGIN = 3;
 /** The admission check's headroom on the estimated finish. */
 export const SAFETY = 1.25;
+/** The most the headroom is raised to on a machine whose passes overrun their estimates. */
+export const SAFETY_MAX = 1.75;
+/** Margin over the recent overrun: the headroom covers the overrun and a tenth more. */
+const OVERRUN_MARGIN = 1.1;
+
+/**
+ * The headroom to admit with, given how far recent passes overran their
+ * estimates (CostModel.overrun, the worst build's): SAFETY on a machine whose
+ * estimates hold, more where they do not (a 504 after the work ran wastes
+ * the machine; a 529 at arrival wastes nothing), never past SAFETY_MAX.
+ */
+export function admissionSafety(overrun: number): number {
+  if (!Number.isFinite(overrun)) return SAFETY;
+  return Math.min(SAFETY_MAX, Math.max(SAFETY, overrun * OVERRUN_MARGIN));
+}
 
 /** The caller's deadline, as the HTTP route tracks it. Absent (CLI, batch): nothing is refused for time. */
 export interface RequestDeadline {
@@ -94,14 +111,15 @@ export interface Judgement {
   retryAfterS: number;
 }
 
-export function judge(i: { ownMs: number; waitMs: number; elapsedMs: number; defaultMs: number; maxMs: number }): Judgement {
+export function judge(i: { ownMs: number; waitMs: number; elapsedMs: number; defaultMs: number; maxMs: number }, safety = SAFETY): Judgement {
   const cap = Math.max(i.defaultMs, i.maxMs);
   const deadlineMs = Math.min(cap, Math.max(i.defaultMs, i.ownMs * DEADLINE_MARGIN));
-  // Not even an idle machine would finish it in time: waiting cannot help.
+  // Not even an idle machine would finish it in time: waiting cannot help. Judged at the base headroom: a
+  // slow spell makes a request wait (529), not "too large" for this server.
   if (i.ownMs * SAFETY > deadlineMs) return { deadlineMs, refused: "too_large", retryAfterS: 0 };
-  if (i.elapsedMs + (i.waitMs + i.ownMs) * SAFETY <= deadlineMs) return { deadlineMs, refused: null, retryAfterS: 0 };
-  // A retry arrives fresh (elapsed ≈ 0): it fits once the work ahead is down to deadline / SAFETY − own.
-  const excessMs = i.waitMs - Math.max(0, deadlineMs / SAFETY - i.ownMs);
+  if (i.elapsedMs + (i.waitMs + i.ownMs) * safety <= deadlineMs) return { deadlineMs, refused: null, retryAfterS: 0 };
+  // A retry arrives fresh (elapsed ≈ 0): it fits once the work ahead is down to deadline / safety − own.
+  const excessMs = i.waitMs - Math.max(0, deadlineMs / safety - i.ownMs);
   return { deadlineMs, refused: "deadline", retryAfterS: Math.max(1, Math.ceil(excessMs / 1000)) };
 }
 

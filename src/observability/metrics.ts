@@ -98,6 +98,12 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly admissionSafety = new Gauge({
+    name: "assay_admission_safety",
+    help: "The admission check's headroom on estimated work: SAFETY, raised while recent passes overran their estimates.",
+    registers: [this.registry],
+  });
+
   private collectQueue(): void {
     let tokens = 0;
     let ms = 0;

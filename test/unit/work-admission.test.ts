@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 import { CostModel, againstShortPrefix, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
 import { FairQueue } from "../../src/inference/fair-queue.js";
 import { pack } from "../../src/inference/pack.js";
-import { DEADLINE_MARGIN, SAFETY, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
+import { DEADLINE_MARGIN, SAFETY, SAFETY_MAX, admissionSafety, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
 
 const shape = (prefix: number, branches: number, width: number): PassShape => ({ tokens: prefix + branches * width, prefix, branches, width });
 
@@ -105,6 +105,23 @@ describe("the cost model", () => {
     m.observe(shape(300, 2, 10), Number.NaN);
     expect(m.estimate(shape(300, 2, 10))).toBe(before);
     expect(m.passes).toBe(0);
+  });
+
+  it("overrun: the spread of recent passes against the estimate made before each, 1 until there are enough", () => {
+    const m = new CostModel(prior);
+    const big = shape(1_500, 8, 40);
+    expect(m.overrun()).toBe(1);
+    // A machine whose mean pace holds but one pass in three runs 1.6× long (the other core busy).
+    for (let i = 0; i < 30; i++) m.observe(big, (i % 3 === 2 ? 1.6 : 0.85) * m.estimate(big));
+    expect(m.overrun()).toBeGreaterThan(1.3);
+    // Steady passes bring it back down once they fill the window.
+    for (let i = 0; i < 40; i++) m.observe(big, m.estimate(big));
+    expect(m.overrun()).toBeLessThan(1.05);
+    // Tiny passes (timer noise, fixed overhead) are not counted.
+    const n = new CostModel(prior);
+    const slow = 3 * n.estimate(shape(20, 1, 4));
+    for (let i = 0; i < 30; i++) n.observe(shape(20, 1, 4), slow);
+    expect(n.overrun()).toBe(1);
   });
 });
 
@@ -231,6 +248,19 @@ describe("the admission policy", () => {
     expect(e.retryAfterSeconds).toBe(j.retryAfterS);
     expect(String(e.detail)).toMatch(/about 61 s of queued work .* needs about 2\.5 s; it would not finish within its deadline of 60 s/);
     expect(String(e.detail)).toContain("nothing was charged");
+  });
+
+  it("the headroom rises with the recent overrun, from SAFETY up to SAFETY_MAX, and admits less", () => {
+    expect(admissionSafety(1)).toBe(SAFETY);
+    expect(admissionSafety(1.1)).toBe(SAFETY);
+    expect(admissionSafety(1.4)).toBeCloseTo(1.54, 5);
+    expect(admissionSafety(5)).toBe(SAFETY_MAX);
+    expect(admissionSafety(Number.NaN)).toBe(SAFETY);
+    // 42 s of work fits 60 s at 1.25 (52.5 s), not at 1.54 (64.7 s).
+    expect(judge({ ...base, ownMs: 2_000, waitMs: 40_000 }, admissionSafety(1.4)).refused).toBe("deadline");
+    // A slow spell makes a request wait, not "too large": that is judged at the base headroom.
+    expect(judge({ ...base, ownMs: 400_000, waitMs: 0 }, SAFETY_MAX).refused).toBe("deadline");
+    expect(judge({ ...base, ownMs: 400_000, waitMs: 0 }).refused).toBeNull();
   });
 
   it("no cap below the default: a smaller ASSAY_REQUEST_TIMEOUT_MAX_MS is read as the default", () => {
