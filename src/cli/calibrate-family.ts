@@ -16,7 +16,7 @@ import { EnginePipeline } from "../pipeline/index.js";
 import { sigmoid } from "../probability/calibration.js";
 import { logit } from "../probability/calibration.js";
 import { adjustForRecall, recallAt, type RecallFit } from "../probability/recall.js";
-import { FACTCHECK_CALIBRATION_KEY } from "../families/factcheck.js";
+import { FACTCHECK_CALIBRATION_KEY, claimFit } from "../families/factcheck.js";
 import { FAMILY_PROMPT_VERSION } from "../prompt/families.js";
 import {
   binaryScore,
@@ -49,6 +49,13 @@ export interface FamilyCalibrateOptions {
   bandFraction: number;
   /** Fact check: the content-free prior the run reads under and ships (default: each build's shipped one). */
   prior?: FamilyPrior;
+  /**
+   * Fact check: "family" fits the family's own Platt map per build (kept where it lowers the
+   * leave-one-dataset-out ECE); "general" reads and maps claims with each build's general noul
+   * map and prior (fitted by `assay calibrate` on BoolQ and both fact check sets pooled), ships
+   * no family map and refits only the escalation band on those scores.
+   */
+  map?: "family" | "general";
 }
 
 interface NameFigures {
@@ -95,8 +102,18 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
     const tokens = new Map<string, number[]>();
     // The prior is part of the reading (the raw score is taken after it), so
     // the run reads under the one it will ship, and its cache is keyed by it.
-    const priorOf = (lb: LoadedBuild): FamilyPrior | null => familyFit(lb, "factcheck", FactCheckFit)?.prior ?? null;
-    if (model.family === "factcheck" && opts.prior) {
+    const general = model.family === "factcheck" && opts.map === "general";
+    const priorOf = (lb: LoadedBuild): FamilyPrior | null => (general ? null : (familyFit(lb, "factcheck", FactCheckFit)?.prior ?? null));
+    if (general) {
+      // The family's own fit is set aside for the run: claims are read under the general prior and map.
+      for (const build of builds) {
+        const cal = pipeline.build(publicFor(build)).build.manifest.calibration as Record<string, Record<string, unknown> | undefined> | null;
+        if (!cal) continue;
+        delete cal["platt"]?.[FACTCHECK_CALIBRATION_KEY];
+        delete cal["temperatures"]?.[FACTCHECK_CALIBRATION_KEY];
+        delete cal["factcheck"]?.["prior"];
+      }
+    } else if (model.family === "factcheck" && opts.prior) {
       for (const build of builds) {
         const m = pipeline.build(publicFor(build)).build.manifest;
         m.calibration ??= CalibrationFit.parse({ build_hash: m.build_hash, fitted_at: "", temperatures: {} });
@@ -107,8 +124,8 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
     for (const build of builds) {
       const name = publicFor(build);
       const hash = pipeline.build(name).build.manifest.build_hash;
-      const prior = model.family === "factcheck" ? priorOf(pipeline.build(name)) : null;
-      const priorTag = prior && prior.weight > 0 ? `-cf${prior.weight}~${Buffer.from(prior.state).toString("hex")}` : "";
+      const prior = model.family === "factcheck" ? claimFit(pipeline.build(name)).prior : null;
+      const priorTag = `${general ? "-general" : ""}${prior && prior.weight > 0 ? `-cf${prior.weight}~${Buffer.from(prior.state).toString("hex")}` : ""}`;
       const items: ScoredItem[] = [];
       for (const file of opts.data) {
         const requests =
@@ -192,6 +209,15 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       }
     } else {
       const IDENTITY = { a: 1, b: 0 };
+      // The general noul map of a build, as a Platt (a temperature T is a = 1/T, b = 0).
+      const generalMap = (build: string) => {
+        const c = pipeline.build(publicFor(build)).build.manifest.calibration;
+        const pl = c?.platt?.["noul:2"];
+        const t = c?.temperatures?.["noul:2"];
+        return pl ?? (t ? { a: 1 / t, b: 0 } : IDENTITY);
+      };
+      const fitSmall = (xs: ScoredItem[]) => (general ? generalMap(model.build) : fitFactCheckPlatt(xs));
+      const fitLarge = (xs: ScoredItem[]) => (general ? generalMap(model.escalateTo!) : fitFactCheckPlatt(xs));
       const folds = foldsByGroup(small, opts.folds);
       const groupsOf = folds.map((f) => new Set(f.map((i) => i.group)));
       const key = (i: ScoredItem) => `${i.group}/${i.id}`;
@@ -208,9 +234,9 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         groupsOf.forEach((testGroups) => {
           const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
           const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
-          const sP = useSmall ? fitFactCheckPlatt(tr(small)) : IDENTITY;
+          const sP = useSmall ? fitSmall(tr(small)) : IDENTITY;
           const band = fitBand(tr(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
-          const lP = large ? (useLarge ? fitFactCheckPlatt(tr(large)) : IDENTITY) : null;
+          const lP = large ? (useLarge ? fitLarge(tr(large)) : IDENTITY) : null;
           const lMap = new Map((large ? te(large) : []).map((i) => [key(i), i]));
           for (const it of te(small)) {
             const c = cal(sP, it.raw);
@@ -233,13 +259,13 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       // scored with a Platt map fitted on the others only. k-fold by document shares the set's
       // source and label balance and overstated what unseen rows showed (issue 18).
       const setOf = (i: ScoredItem) => i.id.split("-")[0]!;
-      const lodo = (xs: ScoredItem[]) => {
+      const lodo = (xs: ScoredItem[], fit: (train: ScoredItem[]) => { a: number; b: number }) => {
         const sets = [...new Set(xs.map(setOf))];
         const out = { raw: { p: [] as number[], y: [] as boolean[] }, map: { p: [] as number[], y: [] as boolean[] }, rows: [] as NameFigures[] };
         if (sets.length < 2) return null;
         for (const d of sets) {
           const te = xs.filter((i) => setOf(i) === d);
-          const pl = fitFactCheckPlatt(xs.filter((i) => setOf(i) !== d));
+          const pl = fit(xs.filter((i) => setOf(i) !== d));
           const p = te.map((i) => cal(pl, i.raw));
           const y = te.map((i) => i.label);
           out.raw.p.push(...te.map((i) => i.raw));
@@ -253,15 +279,19 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
         return out;
       };
       const probe = crossValidate(true, true);
-      const lodoSmall = lodo(small);
-      const lodoLarge = large ? lodo(large) : null;
+      const lodoSmall = lodo(small, fitSmall);
+      const lodoLarge = large ? lodo(large, fitLarge) : null;
       // A map ships only where it lowers the held-out ECE: leave-one-dataset-out where the data
-      // holds several sets, k-fold by document otherwise. Else the build keeps identity.
-      const useSmall = lodoSmall ? ece(lodoSmall.map) < ece(lodoSmall.raw) : ece(probe.pooled["lite"]) < ece(probe.pooled["lite raw"]);
-      const useLarge = large !== null && (lodoLarge ? ece(lodoLarge.map) < ece(lodoLarge.raw) : ece(probe.pooled["max"]) < ece(probe.pooled["max raw"]));
+      // holds several sets, k-fold by document otherwise. Else the build keeps identity. The
+      // general map is not the family's to gate: `assay calibrate` gated it on the pooled sets.
+      const useSmall = general || (lodoSmall ? ece(lodoSmall.map) < ece(lodoSmall.raw) : ece(probe.pooled["lite"]) < ece(probe.pooled["lite raw"]));
+      const useLarge = large !== null && (general || (lodoLarge ? ece(lodoLarge.map) < ece(lodoLarge.raw) : ece(probe.pooled["max"]) < ece(probe.pooled["max raw"])));
+      const mapNote = general
+        ? "the build's general noul map, fitted by `assay calibrate` on BoolQ and both fact check sets (these rows were in its fit: see its own leave-one-dataset-out figures)"
+        : "Platt fitted on the other set";
       for (const [b, l] of [[model.build, lodoSmall], [model.escalateTo, lodoLarge]] as const) {
         if (!b || !l) continue;
-        report += `Leave-one-dataset-out, ${b} (Platt fitted on the other set; "before" = raw):\n\n${table(l.rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"])}\n`;
+        report += `Per set, ${b} (${mapNote}; "before" = raw):\n\n${table(l.rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"])}\n`;
       }
       const { pooled, escalated } = crossValidate(useSmall, useLarge);
       const rows: NameFigures[] = [];
@@ -279,27 +309,34 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       }
       report += `${opts.folds}-fold cross-validation by document (15-bin ECE; "after" = the map shipped, identity where Platt did not lower the held-out ECE):\n\n`;
       report += table(rows, ["n", "bal. acc", "ECE before", "ECE after", "AUROC"]);
-      report += `\nPlatt kept: ${model.build} ${useSmall ? "yes" : "no (identity)"}${large ? `, ${model.escalateTo} ${useLarge ? "yes" : "no (identity)"}` : ""}.\n`;
+      report += general
+        ? "\nMap: each build's general noul map and prior (no family map).\n"
+        : `\nPlatt kept: ${model.build} ${useSmall ? "yes" : "no (identity)"}${large ? `, ${model.escalateTo} ${useLarge ? "yes" : "no (identity)"}` : ""}.\n`;
       if (large) report += `Escalated (held-out): ${fmt(escalated / small.length)} of claims.\n`;
-      const sP = useSmall ? fitFactCheckPlatt(small) : IDENTITY;
+      const sP = useSmall ? fitSmall(small) : IDENTITY;
+      // With the general map the family ships no map of its own (claimFit then falls back to the general one).
+      const own = (pl: { a: number; b: number }) => (general ? {} : { [FACTCHECK_CALIBRATION_KEY]: pl });
       const patches: [string, Record<string, unknown>, Band | null][] = [
-        [model.build, { [FACTCHECK_CALIBRATION_KEY]: sP }, large ? fitBand(small.map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction) : null],
+        [model.build, own(sP), large ? fitBand(small.map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction) : null],
       ];
-      if (large) patches.push([model.escalateTo!, { [FACTCHECK_CALIBRATION_KEY]: useLarge ? fitFactCheckPlatt(large) : IDENTITY }, null]);
+      if (large) patches.push([model.escalateTo!, own(useLarge ? fitLarge(large) : IDENTITY), null]);
       report += `\nFits: ${patches.map(([b, p, band]) => `${b} ${JSON.stringify(p)}${band ? ` band ${JSON.stringify(band)}` : ""}`).join("; ")}\n`;
       if (opts.write) {
         for (const [b, platt, band] of patches) {
           const lb = pipeline.build(publicFor(b));
           const file = path.join(CALIBRATION_DIR, `${b}.json`);
           const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+          const kept = { ...((existing?.build_hash === lb.build.manifest.build_hash ? existing?.platt : undefined) ?? {}) };
+          if (general) delete kept[FACTCHECK_CALIBRATION_KEY];
+          const { prior: _dropped, ...section } = (existing?.factcheck as Record<string, unknown> | undefined) ?? {};
           writeSection(
             b,
             lb.build.manifest.build_hash,
             path.basename(lb.build.dir),
             {
-              platt: { ...((existing?.build_hash === lb.build.manifest.build_hash ? existing?.platt : undefined) ?? {}), ...platt },
+              platt: { ...kept, ...platt },
               factcheck: {
-                ...((existing?.factcheck as object | undefined) ?? {}),
+                ...(general ? section : ((existing?.factcheck as object | undefined) ?? {})),
                 ...(band ? { band } : {}),
                 ...(priorOf(lb) ? { prior: priorOf(lb) } : {}),
                 data: dataNote,

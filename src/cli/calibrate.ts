@@ -390,10 +390,12 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
+    .option("--map <kind>", "fact check: family (fit the family's own Platt map) or general (each build's general noul map and prior; refit the band only)", "family")
     .action(
       async (o: {
         target: number;
         bandFraction: number;
+        map: string;
         model: string;
         data?: string[];
         limit?: number;
@@ -413,6 +415,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE)");
         const config = loadConfig(io.env);
         const family = ModelRegistry.load(config.modelsConfig, config.modelsDir).resolve(o.model).family;
+        if (o.map !== "family" && o.map !== "general") throw new Error(`--map must be family or general, got "${o.map}"`);
         if (family !== "general") {
           // Code search and fact check fit their own maps (src/cli/calibrate-family.ts).
           await calibrateFamilyCommand(
@@ -423,6 +426,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
               write: o.write,
               target: o.target,
               bandFraction: o.bandFraction,
+              map: o.map,
               ...(o.limit !== undefined ? { limit: o.limit } : {}),
               // A claim is a noul question: its prior is the noul weight and neutral state.
               ...(o.prior?.["noul"] !== undefined ? { prior: { weight: o.prior["noul"], state: o.priorState?.["noul"] ?? "N/A" } } : {}),

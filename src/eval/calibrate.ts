@@ -10,7 +10,7 @@
  */
 import type { CalibrationMaps, Platt } from "../probability/index.js";
 import { balancedWeights, calibrateNoul, fitPlatt, fitTemperature, fitTopLabel, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
-import { argmaxIndex, reliability, mean } from "./metrics.js";
+import { argmaxIndex, auroc, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
 import { readDataset, type TaskType } from "./datasets.js";
 
@@ -138,6 +138,9 @@ export interface CalibrationScore {
   ece: number | null;
   /** Mean negative log-likelihood of the gold label. */
   nll: number | null;
+  /** noul only: the mean of the two classes' recall at 0.5 (the sets' label mixes differ), and AUROC of p(yes). */
+  balancedAccuracy?: number | null;
+  auroc?: number | null;
 }
 
 /** ECE, accuracy and NLL of probability vectors against gold indices (noul: class = p(yes) > 0.5, as in eval). */
@@ -151,11 +154,20 @@ export function scoreProbabilities(type: TaskType, probs: readonly number[][], g
     correct.push(pred === gold[i]);
     nll.push(-Math.log(Math.max(p[gold[i]!]!, 1e-300)));
   });
-  return {
+  const out: CalibrationScore = {
     n: probs.length,
     accuracy: mean(correct.map((c) => (c ? 1 : 0))),
     ece: reliability(conf, correct, nBins).ece,
     nll: mean(nll),
+  };
+  if (type !== "noul") return out;
+  const recall = (cls: number) => mean(probs.flatMap((p, i) => (gold[i] === cls ? [(p[0]! > 0.5 ? 0 : 1) === cls ? 1 : 0] : [])));
+  const r0 = recall(0);
+  const r1 = recall(1);
+  return {
+    ...out,
+    balancedAccuracy: r0 === null || r1 === null ? null : (r0 + r1) / 2,
+    auroc: auroc(probs.map((p) => p[0]!), gold.map((g) => g === 0)),
   };
 }
 
@@ -255,13 +267,14 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
 export function crossValidationTable(rows: readonly CrossValidation[], folds: number): string {
   const f = (x: number | null) => (x === null ? "–" : x.toFixed(3));
   const lines = [
-    `| dataset | key | n | accuracy | ECE before | ECE after, temperature / Platt (${folds}-fold) | its floor | ECE after, + top-label map (${folds}-fold) | its floor | NLL before | NLL after, temperature | NLL after, + top-label |`,
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    `| dataset | key | n | accuracy | ECE before | ECE after, temperature / Platt (${folds}-fold) | its floor | ECE after, + top-label map (${folds}-fold) | its floor | NLL before | NLL after, temperature | NLL after, + top-label | noul: bal. acc after | noul: AUROC |`,
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ...rows.map((r) => {
       const top = r.type === "noul";
       return (
         `| ${r.dataset} | ${r.key} | ${r.before.n} | ${f(r.before.accuracy)} | ${f(r.before.ece)} | ${f(r.afterTemperature.ece)} | ${f(r.floorTemperature)} | ` +
-        `${top ? "–" : f(r.after.ece)} | ${top ? "–" : f(r.floor)} | ${f(r.before.nll)} | ${f(r.afterTemperature.nll)} | ${top ? "–" : f(r.after.nll)} |`
+        `${top ? "–" : f(r.after.ece)} | ${top ? "–" : f(r.floor)} | ${f(r.before.nll)} | ${f(r.afterTemperature.nll)} | ${top ? "–" : f(r.after.nll)} | ` +
+        `${top ? f(r.afterTemperature.balancedAccuracy ?? null) : "–"} | ${top ? f(r.afterTemperature.auroc ?? null) : "–"} |`
       );
     }),
   ];

@@ -3,13 +3,14 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
-import { factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
+import { claimQuestion, factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { likelyEscalated, workRequest } from "../inference/work.js";
 import { branchCost, encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
 import { buildPrefix, isStatement } from "../prompt/index.js";
+import { NEUTRAL_STATE } from "../pipeline/prior.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -20,6 +21,8 @@ import { buildPrefix, isStatement } from "../prompt/index.js";
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";
+/** The general family's key for a yes/no noul question (src/probability). */
+const GENERAL_NOUL_KEY = "noul:2";
 
 export function chunkRanges(length: number, size: number, overlap: number): [number, number][] {
   if (length <= size) return [[0, length]];
@@ -78,12 +81,16 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
   const headIds = lb.tokenizer.encode(head);
   const tailIds = lb.tokenizer.encode(tail);
   const docIds = lb.tokenizer.encode(document);
-  const prefixes = chunkRanges(docIds.length, chunkTokens, overlap).map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
+  // A document of one window is encoded with the text around it, as the general family encodes its
+  // prefix (token merges at the seams match); longer ones are cut by tokens.
+  const ranges = chunkRanges(docIds.length, chunkTokens, overlap);
+  const prefixes =
+    ranges.length === 1 ? [lb.tokenizer.encode(`${head}${document}${tail}`)] : ranges.map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
   // The claims are encoded once; each chunk's pass reuses them under its own prefix. A claim is
   // read twice when it is a statement: "does the document support …" (yes/no) and "is the statement
   // true or false" (true/false), as the general family reads a noul statement. Measured on the fact
   // check dev sets, bench/RESULTS.md (issue 18, session 6).
-  const statements = claims.map((c) => isStatement({ type: "noul", instructions: c }));
+  const statements = claims.map((c) => isStatement(claimQuestion(c)));
   const second: (number | null)[] = [];
   let next = claims.length;
   for (const st of statements) second.push(st ? next++ : null);
@@ -100,10 +107,29 @@ function readTokens(d: EncodedDocument, which: readonly number[]): number {
   return d.prefixes.reduce((s, prefix) => s + prefix.length + claimTokens, 0);
 }
 
+/**
+ * How a build's claims are calibrated: the family's own fit where one was
+ * shipped (`factcheck:noul` and the `factcheck` section's prior), else the
+ * general family's noul map and prior, which then read a claim exactly as
+ * `judge-*` names on the same build read "The document supports this claim:
+ * …" about the document. The general map is fitted on BoolQ and both fact
+ * check sets pooled and gated leave-one-dataset-out (`assay calibrate`);
+ * on these two sets alone a family map did not hold on the other set
+ * (bench/RESULTS.md, issue 18, session 7).
+ */
+export function claimFit(lb: LoadedBuild): { key: string; prior: FamilyPrior | null } {
+  const cal = lb.build.manifest.calibration;
+  const own = familyFit(lb, "factcheck", FactCheckFit);
+  if (cal?.platt?.[FACTCHECK_CALIBRATION_KEY] || cal?.temperatures?.[FACTCHECK_CALIBRATION_KEY] || own?.prior) {
+    return { key: FACTCHECK_CALIBRATION_KEY, prior: own?.prior && own.prior.weight > 0 ? own.prior : null };
+  }
+  const weight = cal?.prior?.["noul"] ?? 0;
+  return { key: GENERAL_NOUL_KEY, prior: weight > 0 ? { weight, state: cal?.prior_state?.["noul"] ?? NEUTRAL_STATE } : null };
+}
+
 /** The build's content-free prior for claims, when its fit weighs one in. */
 function priorOf(lb: LoadedBuild): FamilyPrior | null {
-  const prior = familyFit(lb, "factcheck", FactCheckFit)?.prior;
-  return prior && prior.weight > 0 ? prior : null;
+  return claimFit(lb).prior;
 }
 
 /**
@@ -202,7 +228,7 @@ export async function runFactCheck(
       const smallScores = await scoreClaims(fam, small, all, ctx);
       const chunks = small.prefixes.length;
       const firstCal = first.build.manifest.calibration;
-      const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, FACTCHECK_CALIBRATION_KEY));
+      const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, claimFit(first).key));
       let final = smallCal;
       let raw = smallScores.p;
       let escalated = claims.map(() => false);
@@ -224,7 +250,7 @@ export async function runFactCheck(
               largeRaw[i] = r.p[i]!;
               bestChunk[i] = r.bestChunk[i]!;
             });
-            return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, FACTCHECK_CALIBRATION_KEY));
+            return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, claimFit(large).key));
           },
         );
         final = out.final;

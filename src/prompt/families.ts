@@ -1,4 +1,5 @@
 import { buildQuestion, closeTurn, label, SYSTEM, type PromptStyle } from "./index.js";
+import type { Question } from "../validate/schema.js";
 
 /**
  * Prompts of the fact check and code search families. Each is one shared
@@ -19,30 +20,39 @@ function open(style: PromptStyle, system: string, body: string): string {
 
 // ---- fact check -------------------------------------------------------------
 
-// The claim is asked as the general family asks a noul question about a
-// state: with the 1.5B build this read SummEdits / WiCE at balanced accuracy
-// 0.70 / 0.62 (AUROC 0.76 / 0.64), the fact checker's own wording ("Claim: …
-// Is the claim supported by the document?" under a fact checker system text)
-// 0.64 / 0.56 (the readout study, bench/RESULTS.md issue 18).
+// The claim is asked exactly as the general family asks the noul question
+// "The document supports this claim: …" about the document (one prompt path:
+// buildQuestion), so a fact check name and the general judge on the same build
+// read a one-window document alike. With the 1.5B build this wording read
+// SummEdits / WiCE at balanced accuracy 0.70 / 0.62 (AUROC 0.76 / 0.64), the
+// fact checker's own wording ("Claim: … Is the claim supported by the
+// document?" under a fact checker system text) 0.64 / 0.56 (the readout study,
+// bench/RESULTS.md issue 18).
 const CLAIM_QUESTION = "The document supports this claim: ";
 
-/** The prefix around a document, for documents cut into token chunks. */
+/** The general noul question a claim is read as. */
+export function claimQuestion(claim: string): Question {
+  return { type: "noul", instructions: `${CLAIM_QUESTION}${claim.trim()}` };
+}
+
+/** The prefix around a document, for documents cut into token chunks: the general prefix (buildPrefix) in parts. */
 export function factcheckPrefixParts(style: PromptStyle): { head: string; tail: string } {
   return { head: open(style, SYSTEM, "State:\n"), tail: "\n\n" };
 }
 
+/** A claim's yes/no reading (labels: yes, Yes, no, No, as YES_NO). */
 export function factcheckClaim(style: PromptStyle, claim: string): string {
-  return closeTurn(style, `Based on the state above, answer the question.\nQuestion: ${CLAIM_QUESTION}${claim.trim()}\nAnswer yes or no.`);
+  return buildQuestion(style, "claim", claimQuestion(claim)).suffix;
 }
 
 /**
- * A claim's second reading: the claim as a statement, "true or false?", read
- * over true/false, exactly as the general family reads a `noul` statement
- * (one prompt path: buildQuestion). The two readings' log-odds are averaged.
- * Labels are positive first, like YES_NO.
+ * A claim's second reading, when its question is a statement (isStatement):
+ * "true or false?", read over true/false, exactly as the general family reads
+ * a `noul` statement. The two readings' log-odds are averaged. Labels are
+ * positive first, like YES_NO.
  */
 export function factcheckClaimTrueFalse(style: PromptStyle, claim: string): { suffix: string; labels: string[] } {
-  const q = buildQuestion(style, "claim", { type: "noul", instructions: claim.trim() }, undefined, { trueFalse: true });
+  const q = buildQuestion(style, "claim", claimQuestion(claim), undefined, { trueFalse: true });
   return { suffix: q.suffix, labels: q.labels };
 }
 
@@ -61,7 +71,7 @@ export interface CodeItem {
  * (`assay calibrate`) are keyed by it, since a fit belongs to the prompt it
  * was fitted under as much as to the weights.
  */
-export const FAMILY_PROMPT_VERSION = 4;
+export const FAMILY_PROMPT_VERSION = 5;
 
 // Measured on 5 dev rows (150 items) with the 0.5B build: this framing (a bug
 // report, the item as a fenced file, "would you need to look at it") gave

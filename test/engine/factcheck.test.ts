@@ -71,7 +71,8 @@ describe("fact check", () => {
     const lb = engine.build("judge-factcheck-lite");
     const { head, tail } = factcheckPrefixParts(lb.style);
     const enc = (t: string) => lb.tokenizer.encode(t).length;
-    const expected = enc(head) + enc(doc) + enc(tail) + claims.reduce((s, c) => s + enc(factcheckClaim(lb.style, c)), 0);
+    // The one window is encoded with the text around it (as the general prefix); the true/false readings are not billed.
+    const expected = enc(`${head}${doc}${tail}`) + claims.reduce((s, c) => s + enc(factcheckClaim(lb.style, c)), 0);
     expect(res.usage.input_tokens).toBe(expected);
   });
 
@@ -122,11 +123,19 @@ describe("fact check", () => {
   it("reads a statement twice, as the general family does: the mean log-odds of its yes/no and true/false readings", async () => {
     const lb = engine.build("judge-factcheck-lite");
     const claim = "The bridge reopened in May 2024.";
-    const res = await ask("judge-factcheck-lite", doc, { c: { type: "noul", instructions: claim } });
-    const raw = (res.details as Record<string, Detail>).c!.raw;
+    // Without a content-free prior (tested below), the raw score is the two readings' alone.
+    const shipped = lb.build.manifest.calibration;
+    lb.build.manifest.calibration = shipped ? { ...shipped, prior: {} } : shipped;
+    let raw: number;
+    try {
+      const res = await ask("judge-factcheck-lite", doc, { c: { type: "noul", instructions: claim } });
+      raw = (res.details as Record<string, Detail>).c!.raw;
+    } finally {
+      lb.build.manifest.calibration = shipped;
+    }
     const { head, tail } = factcheckPrefixParts(lb.style);
-    // The document's window is tokenized apart from the text around it (it is cut by tokens).
-    const prefix = [head, doc, tail].flatMap((t) => lb.tokenizer.encode(t));
+    // A one-window document is tokenized with the text around it, as the general prefix is.
+    const prefix = lb.tokenizer.encode(`${head}${doc}${tail}`);
     const single = async (branch: string | { suffix: string; labels: string[] }) => {
       const r = await scoreYesNo(engine.pool, lb, encodeBranches(lb, prefix, [branch]), 8192, { timings: new Timings() } as never);
       return r.p[0]!;
@@ -135,6 +144,26 @@ describe("fact check", () => {
     const trueFalse = await single(factcheckClaimTrueFalse(lb.style, claim));
     expect(Math.abs(logit(yesNo) - logit(trueFalse))).toBeGreaterThan(1e-3);
     expect(logit(raw)).toBeCloseTo((logit(yesNo) + logit(trueFalse)) / 2, 3);
+  });
+
+  it("without a fit of its own, reads a one-window claim exactly as the general judge reads \"The document supports this claim: …\" (prior and map included)", async () => {
+    const claims = ["The bridge reopened in May 2024.", "The renovation was paid for by the city.", "Does the new deck have bicycle lanes?"];
+    const fam = await ask("judge-factcheck-lite", doc, Object.fromEntries(claims.map((c, i) => [`c${i}`, { type: "noul", instructions: c }])));
+    // scheduledLargeConfig() moves the general names onto the small build: the same weights and fit.
+    const gen = await ask(
+      "judge-latest",
+      doc,
+      Object.fromEntries(claims.map((c, i) => [`c${i}`, { type: "noul", instructions: `The document supports this claim: ${c}` }])),
+    );
+    const lb = engine.build("judge-factcheck-lite");
+    expect(lb.build.manifest.calibration?.platt?.["factcheck:noul"]).toBeUndefined();
+    claims.forEach((_, i) => {
+      const f = fam.answers[`c${i}`] as { noul: number };
+      const g = gen.answers[`c${i}`] as { noul: number };
+      expect(f.noul).toBeCloseTo(g.noul, 5);
+    });
+    // Not a constant: the three claims get different answers.
+    expect(new Set(claims.map((_, i) => (fam.answers[`c${i}`] as { noul: number }).noul.toFixed(3))).size).toBe(3);
   });
 
   it("takes the content-free prior in the build's fit off each claim's score: weight × its log-odds against the neutral document", async () => {
