@@ -194,6 +194,8 @@ const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after
 /** Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it). */
 const LOAD_BYTES_PER_MS = 150_000;
 const LOAD_SETUP_MS = 2_000;
+/** How long close() waits for model loads under way before it terminates the workers. */
+const LOAD_DRAIN_MS = 60_000;
 
 /** An abort reason as the error the caller should get: ours when it is an AssayError, else 504. */
 function abortError(signal: AbortSignal): AssayError {
@@ -239,6 +241,7 @@ export class InferencePool {
   private seq = 0;
   /** Per model file: the live cost estimate of its passes (shared by the lanes, which run the same provider). */
   private readonly costs = new Map<string, CostModel>();
+  private readonly loads = new Set<Promise<void>>();
   /** The admitted request each request signal belongs to: every pass run with that signal is its work. */
   private readonly bySignal = new WeakMap<AbortSignal, Work>();
   private readonly provider: "cpu" | "cuda";
@@ -569,7 +572,9 @@ export class InferencePool {
     if (want && x.loading === null) {
       const model = want.task.model;
       x.loading = model;
-      x.pool.run({ kind: "load", model } satisfies Task).then(
+      const load = x.pool.run({ kind: "load", model } satisfies Task);
+      this.trackLoad(load);
+      load.then(
         (r: unknown) => {
           if (!(r as TaskResult).ok) return;
           if (this.loaded.has(model)) x.ready.add(model);
@@ -588,8 +593,9 @@ export class InferencePool {
     const since = x ? x.runningSince : lane.runningSince;
     metrics.queueWait.observe((since - job.enqueuedAt) / 1000);
     const transfer: ArrayBuffer[] = [];
-    (x ? x.pool : lane.pool)
-      .run(job.task, { transferList: transfer })
+    const run = (x ? x.pool : lane.pool).run(job.task, { transferList: transfer });
+    if (job.task.kind === "load") this.trackLoad(run);
+    run
       .then(
         (r: unknown) => {
           const res = r as TaskResult;
@@ -710,6 +716,16 @@ export class InferencePool {
     };
   }
 
+  /** A model load under way on some worker: close() lets it finish before the threads are terminated. */
+  private trackLoad(p: Promise<unknown>): void {
+    const done: Promise<void> = p.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.loads.add(done);
+    void done.finally(() => this.loads.delete(done));
+  }
+
   async close(): Promise<void> {
     this.closed = true;
     metrics.queueSources.delete(this.queueSource);
@@ -720,6 +736,15 @@ export class InferencePool {
         j.reject(new AssayError("UNAVAILABLE", "the inference pool is closed; the service is shutting down", 1));
       }
       for (const w of [...l.works]) w.release();
+    }
+    // A worker terminated while onnxruntime creates a session aborts the whole process (a native
+    // error thrown through N-API: "terminate called after throwing an instance of 'Napi::Error'",
+    // seen when a test's app closed during the express worker's lazy load). Loads under way finish
+    // first, for at most LOAD_DRAIN_MS.
+    if (this.loads.size > 0) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([Promise.all([...this.loads]), new Promise<void>((r) => (timer = setTimeout(r, LOAD_DRAIN_MS)))]);
+      clearTimeout(timer);
     }
     await Promise.all(this.lanes.flatMap((l) => [l.pool.destroy(), ...(l.express ? [l.express.pool.destroy()] : [])]));
   }
