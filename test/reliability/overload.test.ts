@@ -205,6 +205,9 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
         transportErrors: transportErrors.length,
       };
 
+      // The full form's figures are recorded before its assertions too: a 504 there fails the test
+      // before the figures below it are complete, and a 10-minute run is not repeated lightly.
+      if (FULL) recordFigures("overload-before-assertions", figures);
       expect(transportErrors).toEqual([]);
       // Only 200 and 529: never another error. A 504 is a mis-estimate: none at all in the full
       // form (the issue's goal, 10 minutes); the 20 s CI form on a shared 2-core machine admits at
@@ -213,7 +216,7 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       expect(outcomes.filter((o) => o.status !== 200 && o.status !== 529 && o.status !== 504).map((o) => `${o.org} ${o.status} ${JSON.stringify(o.detail)}`)).toEqual([]);
       const late = outcomes.filter((o) => o.status === 504);
       expect(late.filter((o) => o.org === "small")).toEqual([]);
-      if (FULL) expect(late.map((o) => `${o.org} 504 ${JSON.stringify(o.detail)}`)).toEqual([]);
+      if (FULL) expect(late.map((o) => `${o.org} 504 after ${Math.round(o.ms)} ms (estimated ${o.estimatedMs ?? "–"} ms) ${JSON.stringify(o.detail)}`)).toEqual([]);
       else expect(late.length, `504s: ${late.length} of ${by("flood").length - busy.length} admitted flood requests`).toBeLessThanOrEqual(Math.max(1, Math.floor((by("flood").length - busy.length) / 20)));
       // The flood really overloaded the machine, and the excess was refused early, with a reason and a retry time.
       expect(busy.length).toBeGreaterThan(0);
