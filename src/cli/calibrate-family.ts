@@ -14,7 +14,7 @@ import { ROOT, loadConfig } from "../config/index.js";
 import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/manifest.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { sigmoid } from "../probability/calibration.js";
-import { logit } from "../probability/calibration.js";
+import { NOUL_KEY, logit, noulLogit } from "../probability/calibration.js";
 import { adjustForRecall, recallAt, type RecallFit } from "../probability/recall.js";
 import { FACTCHECK_CALIBRATION_KEY, claimFit } from "../families/factcheck.js";
 import { FAMILY_PROMPT_VERSION } from "../prompt/families.js";
@@ -209,12 +209,11 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       }
     } else {
       const IDENTITY = { a: 1, b: 0 };
-      // The general noul map of a build, as a Platt (a temperature T is a = 1/T, b = 0).
+      // The general noul map of a build as a Platt: the served map (noulLogit) is affine in the log-odds.
       const generalMap = (build: string) => {
         const c = pipeline.build(publicFor(build)).build.manifest.calibration;
-        const pl = c?.platt?.["noul:2"];
-        const t = c?.temperatures?.["noul:2"];
-        return pl ?? (t ? { a: 1 / t, b: 0 } : IDENTITY);
+        const b = noulLogit(0, c, NOUL_KEY);
+        return { a: noulLogit(1, c, NOUL_KEY) - b, b };
       };
       const fitSmall = (xs: ScoredItem[]) => (general ? generalMap(model.build) : fitFactCheckPlatt(xs));
       const fitLarge = (xs: ScoredItem[]) => (general ? generalMap(model.escalateTo!) : fitFactCheckPlatt(xs));

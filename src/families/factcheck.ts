@@ -2,7 +2,7 @@ import { invalid } from "../errors/catalogue.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
-import { calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
+import { NOUL_KEY, calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
 import { claimQuestion, factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
@@ -21,8 +21,6 @@ import { NEUTRAL_STATE } from "../pipeline/prior.js";
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";
-/** The general family's key for a yes/no noul question (src/probability). */
-const GENERAL_NOUL_KEY = "noul:2";
 
 export function chunkRanges(length: number, size: number, overlap: number): [number, number][] {
   if (length <= size) return [[0, length]];
@@ -78,14 +76,17 @@ function claimProbability(d: EncodedDocument, p: readonly number[], i: number): 
 
 function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number): EncodedDocument {
   const { head, tail } = factcheckPrefixParts(lb.style);
-  const headIds = lb.tokenizer.encode(head);
-  const tailIds = lb.tokenizer.encode(tail);
   const docIds = lb.tokenizer.encode(document);
   // A document of one window is encoded with the text around it, as the general family encodes its
   // prefix (token merges at the seams match); longer ones are cut by tokens.
   const ranges = chunkRanges(docIds.length, chunkTokens, overlap);
-  const prefixes =
-    ranges.length === 1 ? [lb.tokenizer.encode(`${head}${document}${tail}`)] : ranges.map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
+  let prefixes: number[][];
+  if (ranges.length === 1) prefixes = [lb.tokenizer.encode(`${head}${document}${tail}`)];
+  else {
+    const headIds = lb.tokenizer.encode(head);
+    const tailIds = lb.tokenizer.encode(tail);
+    prefixes = ranges.map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
+  }
   // The claims are encoded once; each chunk's pass reuses them under its own prefix. A claim is
   // read twice when it is a statement: "does the document support …" (yes/no) and "is the statement
   // true or false" (true/false), as the general family reads a noul statement. Measured on the fact
@@ -124,7 +125,7 @@ export function claimFit(lb: LoadedBuild): { key: string; prior: FamilyPrior | n
     return { key: FACTCHECK_CALIBRATION_KEY, prior: own?.prior && own.prior.weight > 0 ? own.prior : null };
   }
   const weight = cal?.prior?.["noul"] ?? 0;
-  return { key: GENERAL_NOUL_KEY, prior: weight > 0 ? { weight, state: cal?.prior_state?.["noul"] ?? NEUTRAL_STATE } : null };
+  return { key: NOUL_KEY, prior: weight > 0 ? { weight, state: cal?.prior_state?.["noul"] ?? NEUTRAL_STATE } : null };
 }
 
 /** The build's content-free prior for claims, when its fit weighs one in. */
@@ -228,7 +229,8 @@ export async function runFactCheck(
       const smallScores = await scoreClaims(fam, small, all, ctx);
       const chunks = small.prefixes.length;
       const firstCal = first.build.manifest.calibration;
-      const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, claimFit(first).key));
+      const firstKey = claimFit(first).key;
+      const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, firstKey));
       let final = smallCal;
       let raw = smallScores.p;
       let escalated = claims.map(() => false);
@@ -250,7 +252,8 @@ export async function runFactCheck(
               largeRaw[i] = r.p[i]!;
               bestChunk[i] = r.bestChunk[i]!;
             });
-            return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, claimFit(large).key));
+            const largeKey = claimFit(large).key;
+            return idx.map((i) => calibrateNoul(logit(r.p[i]!), largeCal, largeKey));
           },
         );
         final = out.final;

@@ -75,12 +75,15 @@ export function logSumExp(xs: readonly number[], scale = 1): number {
  * its Platt parameters if fitted, else a temperature under the same key,
  * else identity. Reusable by any family that reads a yes/no answer.
  */
-export function calibrateNoul(logOdds: number, fit: CalibrationMaps | null | undefined, key = "noul:2"): number {
+/** The key of a yes/no noul question's map (a general question, or a claim read as one). */
+export const NOUL_KEY = "noul:2";
+
+export function calibrateNoul(logOdds: number, fit: CalibrationMaps | null | undefined, key = NOUL_KEY): number {
   return sigmoid(noulLogit(logOdds, fit, key));
 }
 
 /** The calibrated log-odds a·z + b (see `calibrateNoul`). */
-export function noulLogit(logOdds: number, fit: CalibrationMaps | null | undefined, key = "noul:2"): number {
+export function noulLogit(logOdds: number, fit: CalibrationMaps | null | undefined, key = NOUL_KEY): number {
   const pl = fit?.platt?.[key];
   if (pl) return pl.a * logOdds + pl.b;
   const t = fit?.temperatures?.[key];
@@ -88,7 +91,7 @@ export function noulLogit(logOdds: number, fit: CalibrationMaps | null | undefin
 }
 
 /** Inverse of `noulLogit`: the raw log-odds behind a calibrated one. */
-export function uncalibrateNoulLogit(logit: number, fit: CalibrationMaps | null | undefined, key = "noul:2"): number {
+export function uncalibrateNoulLogit(logit: number, fit: CalibrationMaps | null | undefined, key = NOUL_KEY): number {
   const pl = fit?.platt?.[key];
   if (pl) return (logit - pl.b) / pl.a;
   const t = fit?.temperatures?.[key];
