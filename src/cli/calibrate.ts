@@ -47,8 +47,8 @@ export interface CalibrateCliOptions {
   readouts?: string;
   /** Fit on the main pass of `assay eval … --calibration none` results.json files instead of running the model. */
   fromResults?: string[];
-  /** Refit from a `--readouts` file of an earlier run instead of running the model. */
-  fromReadouts?: string;
+  /** Refit from `--readouts` files of earlier runs (one set each, or several) instead of running the model. */
+  fromReadouts?: string[];
   /** Content-free prior weight per question type for the run (default: the shipped file's). */
   prior?: Record<string, number>;
   /** The neutral state each type's prior is read against (default: the shipped file's, else "N/A"). */
@@ -215,20 +215,40 @@ interface FitHeader {
 }
 
 /**
- * Refit from a `--readouts` file of an earlier run (the label log-probabilities
- * it read, under the prior it read them with): the gate and the maps again,
- * without running the model. The file must come from this build.
+ * Refit from `--readouts` files of earlier runs (the label log-probabilities
+ * they read, under the prior they read them with): the gate and the maps
+ * again, without running the model. Several files merge, so a long refit can
+ * be read one set at a time; they must come from this build and agree on
+ * everything that shapes a reading (prior, neutral states, debias).
  */
-async function calibrateFromReadouts(opts: CalibrateCliOptions, file: string, io: CliIO): Promise<CalibrateResult> {
+async function calibrateFromReadouts(opts: CalibrateCliOptions, files: readonly string[], io: CliIO): Promise<CalibrateResult> {
   const config = loadConfig(io.env);
   const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
   if (!registry.has(opts.model)) throw new Error(`unknown model "${opts.model}"; available models: ${registry.names().join(", ")}`);
   const resolved = registry.resolve(opts.model);
   const manifest = readBuild(resolved.buildDir).manifest;
-  const saved = JSON.parse(fs.readFileSync(file, "utf8")) as ReadoutsFile | FitItem[];
-  if (Array.isArray(saved)) throw new Error(`${file} holds no header (build, prior): write it again with this version's --readouts`);
-  if (saved.build_hash !== manifest.build_hash) throw new Error(`${file} was read on build ${saved.build_hash}, not on ${manifest.build_hash} (${opts.model})`);
-  return finish(opts, io, saved.items, saved.header);
+  const items: FitItem[] = [];
+  let header: FitHeader | null = null;
+  for (const file of files) {
+    const saved = JSON.parse(fs.readFileSync(file, "utf8")) as ReadoutsFile | FitItem[];
+    if (Array.isArray(saved)) throw new Error(`${file} holds no header (build, prior): write it again with this version's --readouts`);
+    if (saved.build_hash !== manifest.build_hash) throw new Error(`${file} was read on build ${saved.build_hash}, not on ${manifest.build_hash} (${opts.model})`);
+    if (header === null) {
+      header = { ...saved.header, data: [...saved.header.data] };
+    } else {
+      const shape = (h: FitHeader) => JSON.stringify([h.prior ?? null, h.prior_state ?? null, h.debias, h.debias_max_shifts]);
+      if (shape(saved.header) !== shape(header)) {
+        throw new Error(`${file} was read under another prior, neutral state or debias setting than ${files[0]}: ${shape(saved.header)} vs ${shape(header)}`);
+      }
+      const seen = new Set(items.map((it) => it.dataset));
+      const again = [...new Set(saved.items.map((it) => it.dataset))].filter((d) => seen.has(d));
+      if (again.length > 0) throw new Error(`${file} reads ${again.join(", ")} again: give each set once`);
+      header.data.push(...saved.header.data);
+    }
+    items.push(...saved.items);
+  }
+  if (header === null) throw new Error("give at least one --from-readouts file");
+  return finish(opts, io, items, header);
 }
 
 /** What `--readouts` writes: the fit items and the header of the run that read them. */
@@ -386,7 +406,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
     .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
     .option("--prior-state <states>", "the neutral state each type's prior reads, e.g. score=,noul=N/A (default: the shipped file's, else N/A)", parsePriorState)
-    .option("--from-readouts <file>", "refit from a --readouts file of an earlier run on this build instead of running the model")
+    .option("--from-readouts <files...>", "refit from --readouts files of earlier runs on this build (merged; each set once) instead of running the model")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -410,9 +430,9 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         fromResults?: string[];
         prior?: Record<string, number>;
         priorState?: Record<string, string>;
-        fromReadouts?: string;
+        fromReadouts?: string[];
       }) => {
-        if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE)");
+        if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE…)");
         const config = loadConfig(io.env);
         const family = ModelRegistry.load(config.modelsConfig, config.modelsDir).resolve(o.model).family;
         if (o.map !== "family" && o.map !== "general") throw new Error(`--map must be family or general, got "${o.map}"`);

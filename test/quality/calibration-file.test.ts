@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { checkCalibration, readBuild, readCalibrationFile, CALIBRATION_DIR } from "../../src/models/manifest.js";
-import { mergeFit } from "../../src/cli/calibrate.js";
+import { calibrateCommand, mergeFit } from "../../src/cli/calibrate.js";
 import { loadConfig } from "../../src/config/index.js";
 import { ModelRegistry } from "../../src/models/registry.js";
 
@@ -174,6 +174,66 @@ describe("the repository ships a fit for every default general build", () => {
       expect(fit.build_hash).toMatch(/^[0-9a-f]{16}$/);
       expect(Object.keys(fit.temperatures).length + Object.keys(fit.platt ?? {}).length).toBeGreaterThan(0);
     }
+  });
+});
+
+describe("assay calibrate --from-readouts with several files", () => {
+  // A build folder with its manifest only: refitting from readouts never loads the model.
+  const setup = () => {
+    const cache = path.join(root, "cache");
+    fs.mkdirSync(path.join(cache, "tiny-dir"), { recursive: true });
+    fs.writeFileSync(path.join(cache, "tiny-dir", "manifest.json"), JSON.stringify(manifest("aaaa")));
+    const models = path.join(root, "models.json");
+    fs.writeFileSync(
+      models,
+      JSON.stringify({ default: "tiny-judge", builds: { tiny: { dir: "tiny-dir" } }, models: { "tiny-judge": { family: "general", build: "tiny" } } }),
+    );
+    const env = { ASSAY_MODELS_DIR: cache, ASSAY_MODELS_CONFIG: models };
+    const io = { stdout: () => {}, stderr: () => {}, env };
+    const header = (data: string[], prior: Record<string, number> = { noul: 1 }) => ({
+      build_hash: "aaaa",
+      build: "tiny",
+      dir: "tiny-dir",
+      debias: "cyclic",
+      debias_max_shifts: 8,
+      prior,
+      data,
+    });
+    // Readings that separate the classes imperfectly, so a Platt map has something to fit.
+    const items = (dataset: string, n: number, shift: number) =>
+      Array.from({ length: n }, (_, i) => {
+        const gold = i % 2;
+        const margin = (gold === 0 ? 1 : -1) * (0.5 + (i % 5) * 0.4) + (i % 7 === 0 ? -2 : 0) + shift;
+        return { dataset, type: "noul", lp: [Math.log(1 / (1 + Math.exp(-margin))), Math.log(1 / (1 + Math.exp(margin)))], gold };
+      });
+    const write = (name: string, content: unknown) => {
+      const file = path.join(root, name);
+      fs.writeFileSync(file, JSON.stringify(content));
+      return file;
+    };
+    return { io, header, items, write };
+  };
+  const base = { model: "tiny-judge", data: [], folds: 5, write: false, concurrency: 1 };
+
+  it("merges the sets of several files into one fit, validated leave-one-dataset-out across them", async () => {
+    const { io, header, items, write } = setup();
+    const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl (40 rows)"]), items: items("set_a", 40, 0.3) });
+    const b = write("b.json", { build_hash: "aaaa", header: header(["set_b.jsonl (40 rows)"]), items: items("set_b", 40, -0.3) });
+    const result = await calibrateCommand({ ...base, fromReadouts: [a, b] }, io);
+    expect(result.items).toHaveLength(80);
+    expect(result.fit.data).toEqual(["set_a.jsonl (40 rows)", "set_b.jsonl (40 rows)"]);
+    const rows = (result.fit as { cross_validation?: { dataset: string; validation: string }[] }).cross_validation ?? [];
+    const lodo = rows.filter((r) => r.validation === "leave-one-dataset-out").map((r) => r.dataset);
+    expect(new Set(lodo)).toEqual(new Set(["set_a", "set_b"]));
+  });
+
+  it("refuses files read under different priors, and a set given twice", async () => {
+    const { io, header, items, write } = setup();
+    const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: items("set_a", 20, 0) });
+    const other = write("o.json", { build_hash: "aaaa", header: header(["set_b.jsonl"], { noul: 0.5 }), items: items("set_b", 20, 0) });
+    await expect(calibrateCommand({ ...base, fromReadouts: [a, other] }, io)).rejects.toThrow(/another prior/);
+    const again = write("again.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: items("set_a", 20, 0) });
+    await expect(calibrateCommand({ ...base, fromReadouts: [a, again] }, io)).rejects.toThrow(/reads set_a again/);
   });
 });
 
