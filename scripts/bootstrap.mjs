@@ -145,5 +145,6 @@ function ensureModels() {
 }
 
 ensureNodeModules();
-ensureBuild();
+// --no-build: the fast test tier imports src/ through vitest and needs no dist/.
+if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) ensureModels();

@@ -1,0 +1,66 @@
+/**
+ * The import rules of src/README.md and the folder READMEs, checked
+ * (`npx depcruise src`, and test/unit/import-rules.test.ts in `npm test`).
+ * Each rule names a folder and the only folders of src/ it may import
+ * (type-only imports count: they couple the folders all the same).
+ */
+const only = (name, folder, allowed, comment) => ({
+  name,
+  comment,
+  severity: "error",
+  from: { path: `^src/${folder}/` },
+  to: { path: "^src/", pathNot: [`^src/${folder}/`, ...allowed.map((a) => `^src/${a}`)] },
+});
+
+const ENGINE = "(prompt|tokenizer|inference|probability|models)/";
+
+module.exports = {
+  forbidden: [
+    only("observability-imports-nothing", "observability", [], "every folder may import observability/ without a cycle"),
+    only("validate-imports-nothing", "validate", ["errors/"], "validation is the contract: it knows nothing of the service"),
+    only("prompt-imports-validate", "prompt", ["validate/", "errors/"], "prompts are built from validated questions only"),
+    only("tokenizer-imports-models-validate", "tokenizer", ["models/", "validate/", "errors/"]),
+    only("probability-imports-models-validate", "probability", ["models/", "validate/", "errors/", "config/"]),
+    only("inference-imports-config-errors-observability", "inference", ["config/", "errors/", "observability/"], "the pool knows passes, not requests"),
+    only("models-imports-config-errors", "models", ["config/", "errors/", "observability/"], "the lifecycle takes a loader interface, not the pool"),
+    {
+      name: "http-never-the-engine",
+      comment: "all model work goes through the Pipeline interface",
+      severity: "error",
+      from: { path: "^src/http/" },
+      to: { path: `^src/${ENGINE}` },
+    },
+    {
+      name: "accounts-never-http-pipeline-engine",
+      comment: "the model's family reaches Admission as a function",
+      severity: "error",
+      from: { path: "^src/accounts/" },
+      to: { path: [`^src/${ENGINE}`, "^src/(http|pipeline|families|batch|cli)/", "^node_modules/fastify/"] },
+    },
+    {
+      name: "accounts-imported-by-the-edge-only",
+      comment: "only the HTTP edge, the process entry points, the admin CLI and batch pricing hold accounts",
+      severity: "error",
+      from: { path: "^src/", pathNot: ["^src/(accounts|http|cli|batch)/", "^src/(app|main)\\.ts$"] },
+      to: { path: "^src/accounts/" },
+    },
+    {
+      name: "families-pipeline-never-http-accounts",
+      severity: "error",
+      from: { path: "^src/(families|pipeline)/" },
+      to: { path: "^src/(http|accounts)/" },
+    },
+    {
+      name: "no-circular",
+      severity: "error",
+      from: {},
+      to: { circular: true, dependencyTypesNot: ["type-only"] },
+    },
+  ],
+  options: {
+    doNotFollow: { path: "node_modules" },
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: "tsconfig.json" },
+    enhancedResolveOptions: { exportsFields: ["exports"], conditionNames: ["import", "require", "node", "default"], extensions: [".ts", ".js"] },
+  },
+};

@@ -1,0 +1,67 @@
+/**
+ * The import rules of src/README.md and the folder READMEs, as checked by
+ * dependency-cruiser (.dependency-cruiser.cjs): the service keeps them, and
+ * the rule set does catch a break (a fixture tree that imports across a
+ * forbidden edge).
+ */
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+
+const ROOT = path.resolve(import.meta.dirname, "../..");
+const CLI = path.join(ROOT, "node_modules", "dependency-cruiser", "bin", "dependency-cruise.mjs");
+const CONFIG = path.join(ROOT, ".dependency-cruiser.cjs");
+
+interface Violation {
+  from: string;
+  to: string;
+  rule: { name: string };
+}
+
+function cruise(cwd: string): Violation[] {
+  const r = spawnSync(process.execPath, [CLI, "src", "--config", CONFIG, "--output-type", "json"], { cwd, encoding: "utf8", maxBuffer: 64 << 20 });
+  if (!r.stdout) throw new Error(`dependency-cruiser printed nothing (exit ${r.status}): ${r.stderr}`);
+  return (JSON.parse(r.stdout) as { summary: { violations: Violation[] } }).summary.violations;
+}
+
+let tmp: string | null = null;
+afterEach(() => {
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  tmp = null;
+});
+
+/** A tree with the project's tsconfig and the given files under src/. */
+function fixture(files: Record<string, string>): string {
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), "assay-imports-"));
+  fs.copyFileSync(path.join(ROOT, "tsconfig.json"), path.join(tmp, "tsconfig.json"));
+  for (const [name, text] of Object.entries(files)) {
+    fs.mkdirSync(path.dirname(path.join(tmp, "src", name)), { recursive: true });
+    fs.writeFileSync(path.join(tmp, "src", name), text);
+  }
+  return tmp;
+}
+
+describe("import rules", () => {
+  it("src/ keeps every rule", () => {
+    expect(cruise(ROOT).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`)).toEqual([]);
+  });
+
+  it("the rule set catches the HTTP layer importing the engine, a low layer importing a high one, and a cycle", () => {
+    const dir = fixture({
+      "http/routes.ts": 'import { run } from "../inference/pool.js";\nexport const r = run;\n',
+      "inference/pool.ts": "export const run = 1;\n",
+      "observability/metrics.ts": 'import { p } from "../pipeline/index.js";\nexport const m = p;\n',
+      "pipeline/index.ts": 'import { m } from "../observability/metrics.js";\nexport const p = 1;\nexport const q = m;\n',
+      "families/general.ts": 'import { db } from "../accounts/store.js";\nexport const g = db;\n',
+      "accounts/store.ts": "export const db = 1;\n",
+    });
+    const found = cruise(dir).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`);
+    expect(found).toContain("http-never-the-engine: src/http/routes.ts → src/inference/pool.ts");
+    expect(found).toContain("observability-imports-nothing: src/observability/metrics.ts → src/pipeline/index.ts");
+    expect(found).toContain("families-pipeline-never-http-accounts: src/families/general.ts → src/accounts/store.ts");
+    expect(found).toContain("accounts-imported-by-the-edge-only: src/families/general.ts → src/accounts/store.ts");
+    expect(found.some((f) => f.startsWith("no-circular:"))).toBe(true);
+  });
+});
