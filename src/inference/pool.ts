@@ -79,8 +79,9 @@ interface Job {
  * measured here (2 cores, 2 threads each, 0.5B), a 189-token pass took 0.41 s
  * alone and about 0.8 s beside a 4,759-token one, and the pair did the same
  * total work per second as one worker (bench/RESULTS.md, "Fairness").
- * Models load into it on first need (no memory spent until passes contend);
- * a pass whose model is still loading waits for the main worker.
+ * The default build loads into it at boot (preloadExpress), other builds on
+ * first need (no memory spent until passes contend); a pass whose model is
+ * still loading waits for the main worker.
  */
 interface Express {
   pool: Piscina;
@@ -569,23 +570,41 @@ export class InferencePool {
     }
     // A short pass would go beside, but its model is not in the express worker yet: load it for next time.
     const want = [...lane.queue].find((j) => fits(j) && this.loaded.has(j.task.model));
-    if (want && x.loading === null) {
-      const model = want.task.model;
-      x.loading = model;
-      const load = x.pool.run({ kind: "load", model } satisfies Task);
-      this.trackLoad(load);
-      load.then(
+    if (want) void this.loadExpress(lane, want.task.model);
+  }
+
+  /** Loads `model` into the lane's express worker (one load at a time); resolves when it is ready there, or not. */
+  private loadExpress(lane: Lane, model: string): Promise<void> {
+    const x = lane.express;
+    if (!x || x.loading !== null || x.ready.has(model) || !this.loaded.has(model) || this.closed) return Promise.resolve();
+    x.loading = model;
+    const load = x.pool.run({ kind: "load", model } satisfies Task);
+    this.trackLoad(load);
+    return load
+      .then(
         (r: unknown) => {
           if (!(r as TaskResult).ok) return;
           if (this.loaded.has(model)) x.ready.add(model);
           else void x.pool.run({ kind: "unload", model } satisfies Task).catch(() => {}); // unloaded meanwhile
         },
         (e: unknown) => console.error(`[assay] inference lane ${lane.index} (express): load of ${model} failed: ${String(e)}`),
-      ).finally(() => {
+      )
+      .finally(() => {
         x.loading = null;
         this.dispatch(lane);
       });
-    }
+  }
+
+  /**
+   * Loads a model already on the main workers into every express worker now,
+   * instead of on first need. Boot does it for the default build: loaded on
+   * first need, the first short pass of a flood's victim waited behind the
+   * long pass and the load (2.5–3 s for the 1.5B build: the small
+   * organization's p99 in the overload test, bench/RESULTS.md). Costs one
+   * more session's memory per lane.
+   */
+  async preloadExpress(model: string): Promise<void> {
+    await Promise.all(this.lanes.map((l) => this.loadExpress(l, model)));
   }
 
   /** Runs a job on the lane's main worker (`x` null) or its express worker. */

@@ -16,7 +16,8 @@ import type { PassShape } from "./cost.js";
  *   ownMs × SAFETY                             > deadline  → 422 (too large for this server: only possible
  *                                                          at the cap, and no wait makes it fit)
  *   elapsed + (waitMs + ownMs) × SAFETY        > deadline  → 529, Retry-After = seconds until it would fit
- *   otherwise admitted: the caller's deadline is raised to `deadline`
+ *   otherwise admitted: the caller's deadline is raised to
+ *     min(cap, max(deadline, elapsed + (waitMs + ownMs) × FINISH_GRACE))
  *
  * `SAFETY` keeps the queue short of the deadline by a quarter: a queue longer
  * than what keeps the lane busy adds no throughput, only risk (a mis-estimate
@@ -34,6 +35,16 @@ import type { PassShape } from "./cost.js";
 export const DEADLINE_MARGIN = 3;
 /** The admission check's headroom on the estimated finish. */
 export const SAFETY = 1.25;
+/**
+ * An admitted request runs until the later of its deadline and this multiple
+ * of its estimated finish. Admission plans every request to finish within
+ * its deadline with the SAFETY headroom; one that then runs long is a
+ * mis-estimate (passes slowed by the express worker beside them, a noisy
+ * neighbour), and cutting it at the deadline throws away the work it already
+ * cost, after the machine spent it. The grace exceeds SAFETY_MAX, so the
+ * headroom, not the grace, decides what is admitted.
+ */
+export const FINISH_GRACE = 2;
 /** The most the headroom is raised to on a machine whose passes overrun their estimates. */
 export const SAFETY_MAX = 1.75;
 /** Margin over the recent overrun: the headroom covers the overrun and a tenth more. */
@@ -117,7 +128,9 @@ export function judge(i: { ownMs: number; waitMs: number; elapsedMs: number; def
   // Not even an idle machine would finish it in time: waiting cannot help. Judged at the base headroom: a
   // slow spell makes a request wait (529), not "too large" for this server.
   if (i.ownMs * SAFETY > deadlineMs) return { deadlineMs, refused: "too_large", retryAfterS: 0 };
-  if (i.elapsedMs + (i.waitMs + i.ownMs) * safety <= deadlineMs) return { deadlineMs, refused: null, retryAfterS: 0 };
+  if (i.elapsedMs + (i.waitMs + i.ownMs) * safety <= deadlineMs) {
+    return { deadlineMs: Math.min(cap, Math.max(deadlineMs, i.elapsedMs + (i.waitMs + i.ownMs) * FINISH_GRACE)), refused: null, retryAfterS: 0 };
+  }
   // A retry arrives fresh (elapsed ≈ 0): it fits once the work ahead is down to deadline / safety − own.
   const excessMs = i.waitMs - Math.max(0, deadlineMs / safety - i.ownMs);
   return { deadlineMs, refused: "deadline", retryAfterS: Math.max(1, Math.ceil(excessMs / 1000)) };

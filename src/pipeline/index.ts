@@ -201,6 +201,8 @@ export class EnginePipeline implements Pipeline {
       // One small pass so the first request does not pay for kernel set-up.
       const warmup = prepare(lb, "warm-up", { q: { type: "noul", instructions: "warm" } });
       await pool.infer(lb.build.onnxPath, warmup.packed);
+      // Ready means the default build's first short request can also go beside a long pass.
+      await pool.preloadExpress(lb.build.onnxPath);
       p.warm = true;
     } catch (e) {
       await pool.close();

@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 import { CostModel, againstShortPrefix, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
 import { FairQueue } from "../../src/inference/fair-queue.js";
 import { pack } from "../../src/inference/pack.js";
-import { DEADLINE_MARGIN, SAFETY, SAFETY_MAX, admissionSafety, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
+import { DEADLINE_MARGIN, FINISH_GRACE, SAFETY, SAFETY_MAX, admissionSafety, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
 
 const shape = (prefix: number, branches: number, width: number): PassShape => ({ tokens: prefix + branches * width, prefix, branches, width });
 
@@ -214,7 +214,18 @@ describe("the admission policy", () => {
   const base = { elapsedMs: 5, defaultMs: 60_000, maxMs: 600_000 };
 
   it("admits what finishes within the default deadline with the safety headroom", () => {
-    expect(judge({ ...base, ownMs: 2_000, waitMs: 40_000 })).toEqual({ deadlineMs: 60_000, refused: null, retryAfterS: 0 });
+    expect(judge({ ...base, ownMs: 2_000, waitMs: 10_000 })).toEqual({ deadlineMs: 60_000, refused: null, retryAfterS: 0 });
+    expect(judge({ ...base, ownMs: 2_000, waitMs: 40_000 }).refused).toBeNull();
+  });
+
+  it("an admitted request runs until twice its estimated finish where that is later than its deadline, up to the cap", () => {
+    // Admitted at 42 s estimated (52.5 s with the headroom): a mis-estimate costs time, not the work done.
+    expect(judge({ ...base, ownMs: 2_000, waitMs: 40_000 })).toEqual({ deadlineMs: 5 + 42_000 * FINISH_GRACE, refused: null, retryAfterS: 0 });
+    expect(FINISH_GRACE).toBeGreaterThan(SAFETY_MAX);
+    // Never past the cap: a request whose raised deadline is at the cap keeps it.
+    expect(judge({ ...base, ownMs: 300_000, waitMs: 100_000 }).deadlineMs).toBe(600_000);
+    // The headroom still decides admission: the grace never admits what the headroom refuses.
+    expect(judge({ ...base, ownMs: 2_000, waitMs: 47_000 }).refused).toBe("deadline");
   });
 
   it("refuses at once what would not finish in time, with the seconds until it would fit", () => {
