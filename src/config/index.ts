@@ -22,92 +22,117 @@ const bool = z
 
 /** Every setting, its default and its unit, validated once at boot. */
 const Env = z.object({
-  PORT: z.coerce.number().int().min(0).max(65535).default(8000),
-  HOST: z.string().default("127.0.0.1"),
-  LOG_LEVEL: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+  PORT: z.coerce.number().int().min(0).max(65535).default(8000).meta({ doc: "listen port" }),
+  HOST: z.string().default("127.0.0.1").meta({ doc: "listen address" }),
+  LOG_LEVEL: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info").meta({ doc: "pino level" }),
   /** Where the embedded store (SQLite) and the first-start key file live. */
-  ASSAY_DATA_DIR: z.string().default(path.join(ROOT, ".cache", "state")),
+  ASSAY_DATA_DIR: z.string().default(path.join(ROOT, ".cache", "state")).meta({ doc: "SQLite store (`assay.db`) and the first-start key file", shown: "`.cache/state`" }),
   /** Exported model folders (manifest.json, model.onnx, tokenizer.json). */
-  ASSAY_MODELS_DIR: z.string().default(path.join(ROOT, "models", "cache")),
+  ASSAY_MODELS_DIR: z.string().default(path.join(ROOT, "models", "cache")).meta({ doc: "where relative build folders live", shown: "`models/cache`" }),
+  /** Read by scripts/bootstrap.mjs and scripts/build-llama.mjs (before node_modules exists); listed here so the table documents it. */
+  ASSAY_CACHE_DIR: z.string().default(path.join(ROOT, ".cache")).meta({ doc: "bootstrap's venv, downloads and assembled GGUF files", shown: "`.cache`" }),
   /** Public model names → model folders; see models/README.md. */
-  ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")),
+  ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
   /** `cpu` or `cuda`. */
-  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda"]).default("cpu"),
+  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda"]).default("cpu").meta({ doc: "`cpu` or `cuda`" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
-  ASSAY_CUDA_DEVICES: z.string().default("0"),
+  ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
   /** Start on CPU when CUDA cannot start (otherwise boot fails). */
-  ASSAY_CUDA_FALLBACK_CPU: bool.default(false),
+  ASSAY_CUDA_FALLBACK_CPU: bool.default(false).meta({ doc: "run a lane on CPU when CUDA fails", shown: "`0`" }),
   /** CPU workers (each owns one onnxruntime session per model). */
-  ASSAY_WORKERS: z.coerce.number().int().min(1).optional(),
+  ASSAY_WORKERS: z.coerce.number().int().min(1).optional().meta({ doc: "inference lanes", shown: "1 on CPU, one per GPU" }),
   /** onnxruntime intra-op threads per worker; workers × threads ≈ cores. */
-  ASSAY_INTRA_OP_THREADS: z.coerce.number().int().min(1).optional(),
+  ASSAY_INTRA_OP_THREADS: z.coerce.number().int().min(1).optional().meta({ doc: "onnxruntime threads per lane", shown: "cores / lanes" }),
   /**
    * CPU only: a second worker per lane runs a short pass (estimated at most
    * this many ms) beside a long one instead of behind it; 0 turns it off.
-   * Default 1,500 on CPU, 0 on CUDA. See "Fairness" in the README.
+   * Default 1,500 on CPU, 0 on CUDA. See "The express worker" in docs/architecture.md.
    */
-  ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional(),
+  ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on CUDA" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
-  ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64),
+  ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
-  ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192),
+  ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192).meta({ doc: "longest packed sequence per request (422 above)" }),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
-  ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic"),
+  ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic").meta({ doc: "option-order debiasing: `cyclic` (extra presentations, averaged) or `off` (asked once, in the caller's order)" }),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
-  ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8),
+  ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8).meta({ doc: "a choice question with up to this many options is asked in all its cyclic shifts, one with more in the canonical order only (halved while the request would exceed the packed limit)" }),
   /** A choice question with more options than are numbered is read again over its this-many likeliest options (0: off). */
-  ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(8),
+  ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(8).meta({ doc: "a choice question with more options than that (and than 8) is read again over its this-many likeliest options, numbered, in all their shifts (one more pass); `0` turns it off. A build's fit may lower it (`shortlist` in `models/calibration/<build>.json`): the 0.5B ships `0`, where it did not help" }),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large
    * model) are kept loaded: `always`, `never`, or `<days> HH:MM-HH:MM <IANA zone>`
    * with days like `mon-fri` or `mon,wed,sat`. Outside it they unload when idle.
    */
-  ASSAY_MODEL_SCHEDULE: z.string().default("mon-fri 07:30-19:00 America/Los_Angeles"),
+  ASSAY_MODEL_SCHEDULE: z.string().default("mon-fri 07:30-19:00 America/Los_Angeles").meta({ doc: "when scheduled builds (the large one) stay loaded: `always`, `never`, or `<days> HH:MM-HH:MM <zone>`" }),
   /** Seconds a scheduled build may sit idle outside its schedule before it is unloaded. */
-  ASSAY_MODEL_IDLE_UNLOAD_SECONDS: z.coerce.number().min(0).default(600),
+  ASSAY_MODEL_IDLE_UNLOAD_SECONDS: z.coerce.number().min(0).default(600).meta({ doc: "idle time after which a scheduled build is unloaded outside its schedule" }),
   /** Fact check: documents longer than this many tokens are read in overlapping chunks of this size. */
-  ASSAY_FACTCHECK_CHUNK_TOKENS: z.coerce.number().int().min(256).default(2048),
+  ASSAY_FACTCHECK_CHUNK_TOKENS: z.coerce.number().int().min(256).default(2048).meta({ doc: "fact check window size (documents longer than this are read in windows)" }),
   /** Tokens each fact check chunk shares with the one before it. */
-  ASSAY_FACTCHECK_CHUNK_OVERLAP: z.coerce.number().int().min(0).default(256),
+  ASSAY_FACTCHECK_CHUNK_OVERLAP: z.coerce.number().int().min(0).default(256).meta({ doc: "tokens each window shares with the one before" }),
 
   // Accounts, credit and concurrency (README, "Credit, limits and replicas").
   /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
-  ASSAY_DATABASE_URL: z.string().min(1).optional(),
+  ASSAY_DATABASE_URL: z.string().min(1).optional().meta({ doc: "PostgreSQL URL: accounts and ledger shared by replicas", shown: "unset (SQLite)" }),
   /** PostgreSQL schema for the store (created if missing); unset = the server's search_path. */
-  ASSAY_DATABASE_SCHEMA: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,62}$/).optional(),
+  ASSAY_DATABASE_SCHEMA: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,62}$/).optional().meta({ doc: "PostgreSQL schema to use, created if missing", shown: "unset (`search_path`)" }),
   /** Redis URL: concurrency slots shared by replicas. Unset = counted in this process. */
-  ASSAY_REDIS_URL: z.string().min(1).optional(),
+  ASSAY_REDIS_URL: z.string().min(1).optional().meta({ doc: "Redis URL: concurrency slots shared by replicas", shown: "unset (in-process)" }),
   /** Prefix of every Redis key this deployment writes. */
-  ASSAY_REDIS_PREFIX: z.string().min(1).default("assay:"),
+  ASSAY_REDIS_PREFIX: z.string().min(1).default("assay:").meta({ doc: "prefix of every Redis key" }),
   /** Prices per model (USD per million input tokens). */
-  ASSAY_PRICES: z.string().default(path.join(ROOT, "models", "prices.json")),
+  ASSAY_PRICES: z.string().default(path.join(ROOT, "models", "prices.json")).meta({ doc: "prices per model", shown: "`models/prices.json`" }),
   /** Free credit for every new organization, USD (not a purchase). */
-  ASSAY_STARTING_GRANT_USD: z.string().regex(/^\d{1,9}(\.\d{1,6})?$/, "USD with at most 6 decimals").default("1"),
+  ASSAY_STARTING_GRANT_USD: z.string().regex(/^\d{1,9}(\.\d{1,6})?$/, "USD with at most 6 decimals").default("1").meta({ doc: "free credit for every new organization (`0` = none)" }),
   /** Requests in flight per organization before its first purchase, and after. */
-  ASSAY_CONCURRENCY_BEFORE_PURCHASE: z.coerce.number().int().min(1).default(4),
-  ASSAY_CONCURRENCY_AFTER_PURCHASE: z.coerce.number().int().min(1).default(100),
+  ASSAY_CONCURRENCY_BEFORE_PURCHASE: z.coerce.number().int().min(1).default(4).meta({ doc: "requests in flight per organization until its first purchase" }),
+  ASSAY_CONCURRENCY_AFTER_PURCHASE: z.coerce.number().int().min(1).default(100).meta({ doc: "… and after it" }),
   /** Seconds a credit hold lives without renewal (renewed while the request runs). */
-  ASSAY_HOLD_TTL_SECONDS: z.coerce.number().min(1).default(120),
+  ASSAY_HOLD_TTL_SECONDS: z.coerce.number().min(1).default(120).meta({ doc: "a credit hold's life without renewal (renewed every third while the request runs)" }),
   /** Seconds between sweeps that release expired holds; 0 = only on the next admission or read. */
-  ASSAY_HOLD_SWEEP_SECONDS: z.coerce.number().min(0).default(30),
+  ASSAY_HOLD_SWEEP_SECONDS: z.coerce.number().min(0).default(30).meta({ doc: "period of the sweep that releases expired holds (`0` = none)" }),
   /** Seconds a Redis concurrency slot lives without renewal (renewed every third while the request runs). */
-  ASSAY_SLOT_LEASE_SECONDS: z.coerce.number().min(0.3).default(30),
+  ASSAY_SLOT_LEASE_SECONDS: z.coerce.number().min(0.3).default(30).meta({ doc: "a Redis slot's lease (renewed every third while the request runs)" }),
   /** `Retry-After` seconds on 429. */
-  ASSAY_RETRY_AFTER_SECONDS: z.coerce.number().int().min(0).default(1),
+  ASSAY_RETRY_AFTER_SECONDS: z.coerce.number().int().min(0).default(1).meta({ doc: "`Retry-After` on 429" }),
 
   // Operating it (README, "Operating it").
   /** A request's deadline, from arrival to answer, in milliseconds; past it → 504 and its queued work is dropped. */
-  ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000),
+  ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000).meta({ doc: "a request's deadline from arrival; past it → 504, queued work dropped, no charge. A request that would not finish by it is refused at admission (529); one whose own estimated work needs longer gets its estimate × 3; an admitted one runs until twice its estimated finish where that is later" }),
   /**
    * The longest deadline a request's estimated work may earn (ms): one whose own work needs longer than
    * ASSAY_REQUEST_TIMEOUT_MS gets its estimate × 3 (DEADLINE_MARGIN), up to this; work beyond it is refused up front (422).
    */
-  ASSAY_REQUEST_TIMEOUT_MAX_MS: z.coerce.number().int().min(1).default(600_000),
+  ASSAY_REQUEST_TIMEOUT_MAX_MS: z.coerce.number().int().min(1).default(600_000).meta({ doc: "the longest deadline a request's estimated work can earn; work that cannot finish within it even on an idle machine is refused up front (422). Read as `ASSAY_REQUEST_TIMEOUT_MS` when smaller. Behind a proxy, its read timeout must exceed this" }),
   /** On SIGTERM, seconds in-flight requests get to finish before they are cancelled (503, no charge). */
-  ASSAY_DRAIN_SECONDS: z.coerce.number().min(0).default(30),
-  /** Test-only fault injection into the inference workers (off by default; see README). */
-  ASSAY_TEST_FAULTS: bool.default(false),
+  ASSAY_DRAIN_SECONDS: z.coerce.number().min(0).default(30).meta({ doc: "on SIGTERM, how long in-flight requests may finish before they are cancelled (503, no charge)" }),
+  /** Test-only fault injection into the inference workers (off by default; see "Test-only fault injection" in docs/architecture.md). */
+  ASSAY_TEST_FAULTS: bool.default(false).meta({ doc: "**tests only**: fault injection into the inference workers (see [docs/architecture.md](docs/architecture.md#test-only-fault-injection))", shown: "`0`" }),
 });
+
+/** A setting's entry in the README's configuration table: `doc` its meaning, `shown` its default where the schema's is not what a reader should see (a computed path, a default set in loadConfig). */
+interface SettingDoc {
+  doc: string;
+  shown?: string;
+}
+
+/**
+ * The README's configuration table, generated from the schema so that a
+ * setting, its default and its meaning are written once
+ * (`npm run docs:config` writes it between the README's config-table
+ * markers; test/unit/config-table.test.ts checks that it is current).
+ */
+export function configTable(): string {
+  const rows = Object.entries(Env.shape).map(([name, schema]) => {
+    const meta = schema.meta() as SettingDoc | undefined;
+    if (!meta?.doc) throw new Error(`config setting ${name} has no .meta({ doc }) for the README table`);
+    const def = (schema as { def: { type: string; defaultValue?: unknown } }).def;
+    const shown = meta.shown ?? (def.type === "default" ? `\`${String(def.defaultValue)}\`` : "unset");
+    return `| \`${name}\` | ${shown} | ${meta.doc} |`;
+  });
+  return ["| variable | default | meaning |", "|---|---|---|", ...rows].join("\n") + "\n";
+}
 
 export type Config = Readonly<{
   port: number;
