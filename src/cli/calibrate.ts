@@ -25,7 +25,7 @@ import {
   leaveOneDatasetOut,
   fitItems,
   fitItemsFromResults,
-  fitMaps,
+  fitShippedMaps,
   type CrossValidation,
   type FitItem,
 } from "../eval/calibrate.js";
@@ -309,15 +309,7 @@ function pooled(rows: readonly CrossValidation[], pick: (r: CrossValidation) => 
 async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], header: FitHeader): Promise<CalibrateResult> {
   const cv = crossValidate(items, opts.folds);
   const lodo = leaveOneDatasetOut(items);
-  const maps = fitMaps(items);
-  // One map per type, fitted on every set of the type pooled: a key fitted on
-  // one set alone (`choice:4` from AG News) is that set's k-fold figure
-  // again, which did not hold on unseen rows. Keys whose data spans several
-  // sets (`score:5`, `noul:2`) stay: leave-one-dataset-out tests them.
-  const setsOf = (key: string) => new Set(items.filter((it) => `${it.type}:${it.lp.length}` === key).map((it) => it.dataset));
-  for (const section of [maps.temperatures, maps.platt, maps.top_label] as Record<string, unknown>[]) {
-    for (const key of Object.keys(section)) if (!key.endsWith(":*") && setsOf(key).size < 2) delete section[key];
-  }
+  const maps = fitShippedMaps(items);
   // A map ships only where it lowers the leave-one-dataset-out ECE of its
   // type (pooled over the held-out sets); a top-label map only where it
   // lowers it below the temperature's alone. A type with a single set has no

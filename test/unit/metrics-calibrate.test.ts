@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { applyMaps, crossValidate, eceFloor, fitMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
+import { applyMaps, crossValidate, eceFloor, fitMaps, fitShippedMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
 import { sigmoid, softmax } from "../../src/probability/index.js";
 
 function rng(seed: number): () => number {
@@ -25,10 +25,11 @@ function synthetic(): FitItem[] {
     while (gold < 3 && u > p[gold]!) u -= p[gold++]!;
     items.push({ dataset: "choice_set", type: "choice", lp: lp.map((x) => x - Math.log(softmax(lp).reduce((a, b) => a + b, 0))), gold });
   }
-  for (let i = 0; i < 600; i++) {
+  // Two noul sets: a map fitted on one set alone does not ship (fitShippedMaps), so k-fold validates none.
+  for (let i = 0; i < 1200; i++) {
     const z = 8 * (r() - 0.5) + 2;
     const y = r() < sigmoid(0.5 * z - 1);
-    items.push({ dataset: "noul_set", type: "noul", lp: [Math.log(sigmoid(z)), Math.log(sigmoid(-z))], gold: y ? 0 : 1 });
+    items.push({ dataset: i % 2 ? "noul_set_b" : "noul_set", type: "noul", lp: [Math.log(sigmoid(z)), Math.log(sigmoid(-z))], gold: y ? 0 : 1 });
   }
   return items;
 }
@@ -56,6 +57,16 @@ function lapsing(): FitItem[] {
 }
 
 describe("fitMaps", () => {
+  it("what ships keeps only keys whose data spans two sets or more, and the pooled type:* maps", () => {
+    const items = synthetic();
+    const maps = fitShippedMaps(items);
+    // choice:4 comes from one set (choice_set): only choice:* ships; noul:2 spans noul_set and noul_set_b.
+    expect(Object.keys(maps.temperatures)).toEqual(["choice:*"]);
+    expect(Object.keys(maps.top_label)).toEqual(["choice:*"]);
+    expect(Object.keys(maps.platt)).toEqual(["noul:2"]);
+    expect(Object.keys(fitShippedMaps(items.filter((it) => it.dataset !== "noul_set_b")).platt)).toEqual([]);
+  });
+
   it("fits a temperature and a top-label map per type:k with type:* fallbacks, and Platt for noul", () => {
     const maps = fitMaps(synthetic());
     expect(Object.keys(maps.temperatures).sort()).toEqual(["choice:*", "choice:4"]);
@@ -71,7 +82,7 @@ describe("fitMaps", () => {
 describe("crossValidate", () => {
   it("out-of-fold ECE and NLL improve on a miscalibrated model; noul accuracy may move (Platt's bias), choice accuracy does not", () => {
     const cv = crossValidate(synthetic(), 5);
-    expect(cv.map((r) => r.dataset)).toEqual(["choice_set", "noul_set"]);
+    expect(cv.map((r) => r.dataset)).toEqual(["choice_set", "noul_set", "noul_set_b"]);
     for (const r of cv) {
       expect(r.before.n).toBe(600);
       expect(r.after.n).toBe(600);
