@@ -139,10 +139,9 @@ describe("502 when the model fails", () => {
     const seconds = (performance.now() - t0) / 1000;
     console.log(`[ops] first request after the worker died: ${next.statusCode} in ${seconds.toFixed(2)} s`);
     expect(next.statusCode, next.body).toBe(200);
-    // The issue asks for "healthy again within 5 s": 3.1–3.6 s on an idle 2-core machine, most of
-    // it the model reload. The bound is looser because this machine's two cores are shared with
-    // other test runs (6.2 and 8.9 s measured under that load); the figure is printed above.
-    expect(seconds).toBeLessThan(20);
+    // "Healthy again within 5 s": 3.1–3.6 s on an idle 2-core machine, most of it the model reload,
+    // 6.2 and 8.9 s under other test runs' load. A printed figure, not a timed assertion (issue 17):
+    // the restart counter above and this 200 are the events that show the recovery.
     // The reloaded model gives the same answers as before the crash.
     const before = baseline.json().answers;
     const after = next.json().answers;
