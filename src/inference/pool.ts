@@ -266,6 +266,7 @@ export class InferencePool {
             provider: "cuda",
             deviceId,
             intraOpThreads: config.intraOpThreads,
+            spinning: config.intraOpSpinning,
             cudaFallbackCpu: config.cudaFallbackCpu,
             testFaults,
           }))
@@ -273,6 +274,7 @@ export class InferencePool {
             provider: "cpu",
             deviceId: 0,
             intraOpThreads: config.intraOpThreads,
+            spinning: config.intraOpSpinning,
             cudaFallbackCpu: false,
             testFaults,
           }));

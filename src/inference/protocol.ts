@@ -7,6 +7,12 @@ export interface LaneOptions {
   provider: "cpu" | "cuda";
   deviceId: number;
   intraOpThreads: number;
+  /**
+   * onnxruntime's intra-op threads spin while they wait for work (its default). Off, they sleep:
+   * about 9% slower on an idle machine's pass, and a short pass beside a long one (the express
+   * worker) gets the cores sooner (bench/RESULTS.md, session 8).
+   */
+  spinning: boolean;
   /** Fall back to the CPU provider when CUDA cannot start. */
   cudaFallbackCpu: boolean;
   /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */

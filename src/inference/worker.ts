@@ -18,7 +18,7 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
     // Masked attention scores underflow to denormals in softmax, which run
     // ~3x slower on x86; flushing them to zero cut softmax time from 470 to
     // 150 ms per 740-token pass (see bench/RESULTS.md).
-    extra: { session: { set_denormal_as_zero: "1" } },
+    extra: { session: { set_denormal_as_zero: "1", "intra_op.allow_spinning": lane.spinning ? "1" : "0" } },
   };
   if (lane.provider === "cuda") {
     try {

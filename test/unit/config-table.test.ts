@@ -27,5 +27,9 @@ describe("the README's configuration table", () => {
     expect(table).toContain("| `ASSAY_REQUEST_TIMEOUT_MS` | `60000` |");
     expect(loadConfig({}).requestTimeoutMs).toBe(60_000);
     expect(table).not.toMatch(/\|\s*\|\s*$/m);
+    // A boolean setting's default is shown as the value to set, and parses both ways.
+    expect(table).toContain("| `ASSAY_INTRA_OP_SPINNING` | `1` |");
+    expect(loadConfig({}).intraOpSpinning).toBe(true);
+    expect(loadConfig({ ASSAY_INTRA_OP_SPINNING: "0" }).intraOpSpinning).toBe(false);
   });
 });
