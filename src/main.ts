@@ -101,6 +101,9 @@ async function main(): Promise<void> {
     throw e;
   }
   if (stopping) return;
+  // Ready means the default build's first short request can also go beside a long pass.
+  await engine.preloadExpress();
+  if (stopping) return;
   starting.attach(engine);
   metrics.ready.set(1);
   logger.info({ startupSeconds: Math.round((starting.startupSeconds ?? 0) * 10) / 10 }, "default model ready");

@@ -201,8 +201,6 @@ export class EnginePipeline implements Pipeline {
       // One small pass so the first request does not pay for kernel set-up.
       const warmup = prepare(lb, "warm-up", { q: { type: "noul", instructions: "warm" } });
       await pool.infer(lb.build.onnxPath, warmup.packed);
-      // Ready means the default build's first short request can also go beside a long pass.
-      await pool.preloadExpress(lb.build.onnxPath);
       p.warm = true;
     } catch (e) {
       await pool.close();
@@ -213,6 +211,16 @@ export class EnginePipeline implements Pipeline {
 
   ready(): boolean {
     return this.warm;
+  }
+
+  /**
+   * Loads the default build into the express workers now rather than on
+   * first need (InferencePool.preloadExpress). The server does it before it
+   * reports ready; the CLI tools, whose passes all belong to one caller and
+   * never go beside each other, do not.
+   */
+  async preloadExpress(): Promise<void> {
+    await this.pool.preloadExpress(this.build(this.registry.file.default).build.onnxPath);
   }
 
   build(name: string): LoadedBuild {
