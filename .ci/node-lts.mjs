@@ -32,7 +32,8 @@ import { fileURLToPath } from "node:url";
 
 /** Pinned versions, newest first: 26 is the Active LTS line (from 2026-10-28), 24 the Maintenance LTS line. */
 const LINES = { 26: "26.10.0", 24: "24.21.0" };
-const DEFAULT_FILES = ["test/unit", "test/http"];
+/** The fast tier as vitest.config.ts defines it (test/unit, test/http), not a second list of it. */
+const DEFAULT_FILES = ["--project", "fast"];
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const say = (line) => process.stderr.write(`[node-lts] ${line}\n`);
