@@ -8,7 +8,8 @@
  */
 import { Command } from "commander";
 import { loadConfig } from "../src/config/index.js";
-import { EnginePipeline, prepare } from "../src/pipeline/index.js";
+import { prepare } from "../src/families/general.js";
+import { EnginePipeline } from "../src/pipeline/index.js";
 import type { PackedRequest } from "../src/inference/pack.js";
 import { pack } from "../src/inference/pack.js";
 import path from "node:path";

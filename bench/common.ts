@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ROOT } from "../src/config/index.js";
-import type { LoadedBuild } from "../src/pipeline/index.js";
+import type { LoadedBuild } from "../src/engine/index.js";
 import type { Question } from "../src/validate/schema.js";
 
 export const OUT = path.join(ROOT, "bench", "out");

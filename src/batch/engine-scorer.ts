@@ -4,7 +4,8 @@
  */
 import type { Config } from "../config/index.js";
 import { isAssayError } from "../errors/catalogue.js";
-import { EnginePipeline, prepare } from "../pipeline/index.js";
+import { prepare } from "../families/general.js";
+import { EnginePipeline } from "../pipeline/index.js";
 import { Timings } from "../pipeline/timings.js";
 import { generalQuestions, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { ScoreError } from "./records.js";

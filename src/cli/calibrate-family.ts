@@ -35,7 +35,7 @@ import {
 import { fitBand, type Band } from "../families/escalation.js";
 import type { CliIO } from "./keys.js";
 import { FactCheckFit, FamilyPrior, familyFit } from "../families/types.js";
-import type { LoadedBuild } from "../pipeline/build.js";
+import type { LoadedBuild } from "../engine/build.js";
 
 export interface FamilyCalibrateOptions {
   model: string;

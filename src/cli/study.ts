@@ -105,7 +105,7 @@ export function registerStudyCommand(program: Command, io: CliIO): void {
           const file = path.join(dir, `${ds.name}${o.before ? "" : ".after"}.jsonl`);
           const rows = await collectStudy(o.reportOnly ? { ...ds, items: [] } : ds, file, {
             lb,
-            pool: pipeline.pool,
+            engine: pipeline.engine,
             maxTokens: Math.min(config.maxPackedTokens, lb.build.manifest.context_length),
             before: o.before,
             onRow: () => bar.increment(),

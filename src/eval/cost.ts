@@ -4,8 +4,9 @@
  * alternately on the same lane (so that a busy machine slows both alike).
  * Reports packed tokens, billed tokens and engine time per request.
  */
-import type { EnginePipeline, LoadedBuild } from "../pipeline/index.js";
-import { prepare } from "../pipeline/index.js";
+import type { LoadedBuild, PackedRequest } from "../engine/index.js";
+import { prepare } from "../families/general.js";
+import type { EnginePipeline } from "../pipeline/index.js";
 import { NO_DEBIAS, type Debias } from "../prompt/index.js";
 import type { Question } from "../validate/schema.js";
 import { groupByState, type Dataset } from "./datasets.js";
@@ -32,6 +33,13 @@ const median = (xs: number[]) => {
   return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 
+/** Inference ms of one pass (queueing excluded). */
+async function runMs(pipeline: EnginePipeline, lb: LoadedBuild, packed: PackedRequest): Promise<number> {
+  let ms = 0;
+  await pipeline.engine.run(lb, packed, { timings: { add: (phase, t) => void (phase === "inference" && (ms += t)) } });
+  return ms;
+}
+
 export async function measureDebiasCost(pipeline: EnginePipeline, lb: LoadedBuild, datasets: readonly Dataset[], debias: Debias, limit: number): Promise<DebiasCost[]> {
   const out: DebiasCost[] = [];
   const maxTokens = Math.min(8192, lb.build.manifest.context_length);
@@ -44,9 +52,9 @@ export async function measureDebiasCost(pipeline: EnginePipeline, lb: LoadedBuil
       const on = prepare(lb, group[0]!.state, questions, undefined, { debias, maxTokens });
       // Alternate which goes first, so that neither always runs on a warmer cache.
       const first = rows.length % 2 === 0;
-      const a = await pipeline.pool.infer(lb.build.onnxPath, (first ? off : on).packed);
-      const b = await pipeline.pool.infer(lb.build.onnxPath, (first ? on : off).packed);
-      const [msOff, msOn] = first ? [a.runMs, b.runMs] : [b.runMs, a.runMs];
+      const a = await runMs(pipeline, lb, (first ? off : on).packed);
+      const b = await runMs(pipeline, lb, (first ? on : off).packed);
+      const [msOff, msOn] = first ? [a, b] : [b, a];
       rows.push({
         off: msOff,
         on: msOn,

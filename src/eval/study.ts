@@ -15,11 +15,8 @@
 import fs from "node:fs";
 import path from "node:path";
 import { closeTurn, isStatement as isNoulStatement, label, renderState, type PromptStyle } from "../prompt/index.js";
-import { labelIds, type LoadedBuild } from "../pipeline/build.js";
-import { pack, type EncodedQuestion } from "../inference/pack.js";
-import type { InferencePool } from "../inference/pool.js";
+import { labelIds, type Engine, type EncodedQuestion, type LoadedBuild } from "../engine/index.js";
 import type { Dataset, EvalItem } from "./datasets.js";
-import { branchCost, planPasses } from "../families/yesno.js";
 
 /** The fact check family's prompt before issue 18 (its system text, the document first): the study's "fc" baseline. */
 const FACTCHECK_SYSTEM =
@@ -259,28 +256,14 @@ export function askBefore(style: PromptStyle, it: EvalItem): { prefix: string; a
 }
 
 /** Runs `asks` against one prefix, in as many passes as the packed-token limit needs. */
-async function readAsks(lb: LoadedBuild, pool: InferencePool, prefixStr: string, asks: readonly Ask[], maxTokens: number): Promise<{ branches: Branch[]; ms: number; tokens: number }> {
-  const prefix = lb.tokenizer.encode(prefixStr);
+async function readAsks(lb: LoadedBuild, engine: Engine, prefixStr: string, asks: readonly Ask[], maxTokens: number): Promise<{ branches: Branch[]; ms: number; tokens: number }> {
   const encoded: EncodedQuestion[] = asks.map((a) => ({
     suffix: lb.tokenizer.encode(a.suffix),
     labels: a.labels.map((l) => labelIds(lb, l)),
     terminator: lb.terminator,
   }));
-  const branches: Branch[] = new Array(asks.length);
-  let ms = 0;
-  let tokens = 0;
-  // Planned on padded tokens, as the families do: a pass pads every branch to its longest.
-  for (const pass of planPasses(prefix.length, encoded.map(branchCost), maxTokens)) {
-    const packed = pack(prefix, pass.map((j) => encoded[j]!));
-    const out = await pool.infer(lb.build.onnxPath, packed);
-    ms += out.runMs;
-    tokens += packed.inputIds.length;
-    pass.forEach((j, n) => {
-      const a = asks[j]!;
-      const lps = packed.readout[n]!.map((idx) => idx.map((x) => out.logprobs[x]!));
-      branches[j] = { v: a.v, ...(a.t !== undefined ? { t: a.t } : {}), option: a.option, lps };
-    });
-  }
+  const { readings, ms, tokens } = await engine.readTokens(lb, lb.tokenizer.encode(prefixStr), encoded, maxTokens);
+  const branches = asks.map((a, j): Branch => ({ v: a.v, ...(a.t !== undefined ? { t: a.t } : {}), option: a.option, lps: readings[j]! }));
   return { branches, ms, tokens };
 }
 
@@ -292,7 +275,7 @@ function goldOf(it: EvalItem): { gold: number; k: number } {
 
 export interface CollectOptions {
   lb: LoadedBuild;
-  pool: InferencePool;
+  engine: Engine;
   maxTokens: number;
   /** Also read the question-before-state prefix (one more pass per row). */
   before: boolean;
@@ -305,7 +288,7 @@ export interface CollectOptions {
  * a dataset whose question is the same on every row pays for them once.
  */
 export async function collectStudy(ds: Dataset, file: string, opts: CollectOptions): Promise<StudyRow[]> {
-  const { lb, pool, maxTokens } = opts;
+  const { lb, engine, maxTokens } = opts;
   const rows: StudyRow[] = [];
   const done = new Set<string>();
   if (fs.existsSync(file)) {
@@ -324,18 +307,18 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
       continue;
     }
     const asks = askAfter(lb.style, it);
-    const main = await readAsks(lb, pool, prefixText(lb.style, stateBlock(renderState(it.state))), asks, maxTokens);
+    const main = await readAsks(lb, engine, prefixText(lb.style, stateBlock(renderState(it.state))), asks, maxTokens);
     const branches = [...main.branches];
     if (opts.before) {
       const b = askBefore(lb.style, it);
-      if (b) branches.push(...(await readAsks(lb, pool, b.prefix, b.asks, maxTokens)).branches);
+      if (b) branches.push(...(await readAsks(lb, engine, b.prefix, b.asks, maxTokens)).branches);
     }
     const cf: Record<string, Branch[]> = {};
     for (const neutral of NEUTRAL_STATES) {
       const key = (a: Ask) => `${neutral}\u0000${a.suffix}\u0000${a.labels.join("\u0001")}`;
       const missing = asks.filter((a) => !cfCache.has(key(a)));
       if (missing.length > 0) {
-        const got = await readAsks(lb, pool, prefixText(lb.style, stateBlock(neutral)), missing, maxTokens);
+        const got = await readAsks(lb, engine, prefixText(lb.style, stateBlock(neutral)), missing, maxTokens);
         missing.forEach((a, i) => cfCache.set(key(a), got.branches[i]!));
       }
       cf[neutral] = asks.map((a) => cfCache.get(key(a))!);

@@ -14,7 +14,7 @@ import {
 } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { CodeSearchFit, familyFit, type FamilyEnv } from "./types.js";
-import { likelyEscalated, workRequest } from "../inference/work.js";
+import { likelyEscalated } from "../engine/index.js";
 import { encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from "./yesno.js";
 
 /**
@@ -113,13 +113,13 @@ export async function runCodeSearch(
     // Admission by estimated work before the hold (529 / 422 hold nothing): the
     // small build's passes, and the large build's for the share of items that
     // may escalate (replanned with the actual ones once they are known).
-    const escalating = large && encLarge ? plannedPasses(large, encLarge, limit, likelyEscalated(scored, (i) => encLarge.suffixTokens[i]!)) : [];
-    const work = fam.pool.admit([...plannedPasses(first, enc, limit, scored), ...escalating], workRequest(ctx));
+    const escalating = large && encLarge ? plannedPasses(fam.engine, large, encLarge, limit, likelyEscalated(scored, (i) => encLarge.suffixTokens[i]!)) : [];
+    const work = fam.engine.admit([...plannedPasses(fam.engine, first, enc, limit, scored), ...escalating], ctx);
     try {
       // The hold covers the worst case: every scored item re-sent to the large build.
       await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
 
-      const small = scored.length ? await scoreYesNo(fam.pool, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
+      const small = scored.length ? await scoreYesNo(fam.engine, first, enc, limit, ctx, scored) : { p: enc.suffixTokens.map(() => NaN), passes: 0 };
       let raw = small.p;
       let largeP: number[] = raw.map(() => NaN);
       let escalated = raw.map(() => false);
@@ -132,8 +132,8 @@ export async function runCodeSearch(
           band,
           () => fam.acquire(model.escalateTo!, env.model),
           async (idx) => {
-            work.replan(plannedPasses(large, encLarge, limit, idx));
-            const r = await scoreYesNo(fam.pool, large, encLarge, limit, ctx, idx);
+            work.replan(plannedPasses(fam.engine, large, encLarge, limit, idx));
+            const r = await scoreYesNo(fam.engine, large, encLarge, limit, ctx, idx);
             inputTokens += billed(encLarge, idx);
             return idx.map((i) => r.p[i]!);
           },

@@ -1,16 +1,14 @@
 import { invalid } from "../errors/catalogue.js";
 import type { ResolvedModel } from "../models/registry.js";
-import type { LoadedBuild } from "../pipeline/build.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { NOUL_KEY, calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
 import { claimQuestion, factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
-import { likelyEscalated, workRequest } from "../inference/work.js";
-import { branchCost, encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
+import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
 import { buildPrefix, isStatement } from "../prompt/index.js";
-import { NEUTRAL_STATE } from "../pipeline/prior.js";
+import { branchCost, likelyEscalated, NEUTRAL_STATE, type LoadedBuild } from "../engine/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -146,7 +144,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   const bestChunk = new Array<number>(n).fill(0);
   const branches = readingsOf(d, which);
   for (const [ci, prefix] of d.prefixes.entries()) {
-    const r = await scoreYesNo(fam.pool, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, branches);
+    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, branches);
     for (const i of which) {
       const q = claimProbability(d, r.p, i);
       if (!(p[i]! >= q)) {
@@ -157,9 +155,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   }
   const prior = priorOf(d.lb);
   if (prior) {
-    const t0 = performance.now();
-    const reads = await fam.priors.read(d.lb, fam.pool, prior.state, branches.map((b) => d.claims.branches[b]!), fam.maxPackedTokens, ctx.signal);
-    ctx.timings.add("inference", performance.now() - t0);
+    const reads = await fam.engine.prior(d.lb, prior.state, branches.map((b) => d.claims.branches[b]!), fam.maxPackedTokens, ctx);
     const neutral = new Array<number>(d.claims.branches.length).fill(Number.NaN);
     branches.forEach((b, k) => (neutral[b] = yesProbability(reads[k]!)));
     for (const i of which) p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(claimProbability(d, neutral, i)));
@@ -172,7 +168,7 @@ function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[
   const prior = priorOf(d.lb);
   if (!prior) return [];
   const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which));
+  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which));
 }
 
 export async function runFactCheck(
@@ -180,9 +176,8 @@ export async function runFactCheck(
   model: ResolvedModel,
   env: RequestEnvelope,
   ctx: PipelineContext,
-  chunkTokens: number,
-  overlap: number,
 ): Promise<SystemOneResponse> {
+  const { tokens: chunkTokens, overlap } = fam.factcheckChunk;
   const qs = factCheckQuestions().safeParse(env.questions);
   if (!qs.success) throw invalid(describeZodError(qs.error).replace(/^body/, "questions"));
   if (typeof env.state !== "string") {
@@ -217,11 +212,11 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which))),
+      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which))),
       ...priorPasses(fam, d, which),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
-    const work = fam.pool.admit([...plan(small, all), ...escalating], workRequest(ctx));
+    const work = fam.engine.admit([...plan(small, all), ...escalating], ctx);
     try {
       // The hold covers the worst case: every claim re-read by the large build.
       await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));

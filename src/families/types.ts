@@ -1,18 +1,20 @@
 import { z } from "zod";
-import type { InferencePool } from "../inference/pool.js";
-import type { LoadedBuild } from "../pipeline/build.js";
-import type { PriorCache } from "../pipeline/prior.js";
+import type { Engine, LoadedBuild } from "../engine/index.js";
+import type { Debias } from "../prompt/index.js";
 
-/** What a family needs from the engine: builds, the pool and the model lifecycle. */
+/** What a family needs: the engine, builds, the model lifecycle and its settings. */
 export interface FamilyEnv {
-  pool: InferencePool;
+  engine: Engine;
   /** A loaded build (tokenizer, manifest) by its models.json build name. */
   build(name: string): LoadedBuild;
   /** Counts a request as a user of `build`; throws 503 + Retry-After while it is not loaded. */
   acquire(build: string, forModel: string): () => void;
   maxPackedTokens: number;
-  /** Content-free readings, shared with the general family (src/pipeline/prior.ts). */
-  priors: PriorCache;
+  /** The general family's option-order debiasing (ASSAY_DEBIAS) and shortlist size (ASSAY_SHORTLIST). */
+  debias: Debias;
+  shortlist: number;
+  /** Fact check document windows (ASSAY_FACTCHECK_CHUNK_TOKENS / _OVERLAP). */
+  factcheckChunk: { tokens: number; overlap: number };
 }
 
 const BandFit = z.object({ lo: z.number().min(0).max(1), hi: z.number().min(0).max(1) });

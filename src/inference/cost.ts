@@ -54,7 +54,7 @@ export function attentionPairs(s: PassShape): number {
 
 /**
  * The blocks of a pass read again against a short prefix: the shape of a
- * content-free prior pass (src/pipeline/prior.ts) for a request, before it is
+ * content-free prior pass (src/engine/prior.ts) for a request, before it is
  * known which of its questions the prior cache already holds.
  */
 export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {

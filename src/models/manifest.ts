@@ -23,7 +23,7 @@ export const CalibrationFit = z.looseObject({
   top_label: z.record(z.string(), z.looseObject({ a: z.number().positive(), b: z.number() })).optional(),
   /**
    * Weight of the content-free prior subtracted per question type ("noul", "choice", "score"),
-   * 0–1; absent or 0: none (src/pipeline/prior.ts). The maps above are fitted on readings with it applied.
+   * 0–1; absent or 0: none (src/engine/prior.ts). The maps above are fitted on readings with it applied.
    */
   prior: z.record(z.string(), z.number().min(0).max(1)).optional(),
   /** The content-free state each type's prior is read against (default "N/A"). */

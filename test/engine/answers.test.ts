@@ -4,7 +4,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AssayError } from "../../src/errors/catalogue.js";
-import { prepare, type EnginePipeline } from "../../src/pipeline/index.js";
+import { prepare } from "../../src/families/general.js";
+import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer, SystemOneResponse, State } from "../../src/validate/schema.js";
 import { ask, startEngine } from "./engine.js";
 

@@ -137,7 +137,7 @@ describe("fact check", () => {
     // A one-window document is tokenized with the text around it, as the general prefix is.
     const prefix = lb.tokenizer.encode(`${head}${doc}${tail}`);
     const single = async (branch: string | { suffix: string; labels: string[] }) => {
-      const r = await scoreYesNo(engine.pool, lb, encodeBranches(lb, prefix, [branch]), 8192, { timings: new Timings() } as never);
+      const r = await scoreYesNo(engine.engine, lb, encodeBranches(lb, prefix, [branch]), 8192, { timings: new Timings() } as never);
       return r.p[0]!;
     };
     const yesNo = await single(factcheckClaim(lb.style, claim));
@@ -183,7 +183,7 @@ describe("fact check", () => {
       const corrected = await withPrior({ weight: 0.5, state: "" });
       // The claim is a statement, so it is read twice (yes/no and true/false) against the neutral document too.
       const branches = encodeBranches(lb, [], [factcheckClaim(lb.style, claim), factcheckClaimTrueFalse(lb.style, claim)]).branches;
-      const neutral = await engine.priors.read(lb, engine.pool, "", branches, 8192);
+      const neutral = await engine.engine.prior(lb, "", branches, 8192);
       const lean = (logit(yesProbability(neutral[0]!)) + logit(yesProbability(neutral[1]!))) / 2;
       expect(Math.abs(lean)).toBeGreaterThan(0.01);
       expect(logit(corrected)).toBeCloseTo(logit(plain) - 0.5 * lean, 4);

@@ -9,7 +9,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config/index.js";
-import { EnginePipeline, prepare } from "../../src/pipeline/index.js";
+import { prepare } from "../../src/families/general.js";
+import { EnginePipeline } from "../../src/pipeline/index.js";
 import { NO_DEBIAS } from "../../src/prompt/index.js";
 import type { ChoiceAnswer, Question, ScoreAnswer } from "../../src/validate/schema.js";
 import { ask } from "./engine.js";

@@ -9,7 +9,8 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { generalPasses } from "../../src/inference/cost.js";
 import { DEADLINE_MARGIN, SAFETY } from "../../src/inference/work.js";
-import { prepare, type EnginePipeline } from "../../src/pipeline/index.js";
+import { prepare } from "../../src/families/general.js";
+import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
 import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 

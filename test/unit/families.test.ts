@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { DEFAULT_BAND, escalate, fitBand, unsureIndices } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
 import { crossValidateRecall, foldsByGroup, type ScoredItem } from "../../src/families/fit.js";
-import { planPasses } from "../../src/families/yesno.js";
+import { planPasses } from "../../src/engine/index.js";
 import { ModelLifecycle, type ModelLoader } from "../../src/models/lifecycle.js";
 import { inSchedule, parseSchedule } from "../../src/models/schedule.js";
 import { AssayError } from "../../src/errors/catalogue.js";

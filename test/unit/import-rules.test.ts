@@ -48,13 +48,14 @@ describe("import rules", () => {
     expect(cruise(ROOT).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`)).toEqual([]);
   });
 
-  it("the rule set catches the HTTP layer importing the engine, a low layer importing a high one, and a cycle", () => {
+  it("the rule set catches the HTTP layer importing the engine, a family reading the pool, a low layer importing a high one, and a cycle", () => {
     const dir = fixture({
       "http/routes.ts": 'import { run } from "../inference/pool.js";\nexport const r = run;\n',
       "inference/pool.ts": "export const run = 1;\n",
       "observability/metrics.ts": 'import { p } from "../pipeline/index.js";\nexport const m = p;\n',
       "pipeline/index.ts": 'import { m } from "../observability/metrics.js";\nexport const p = 1;\nexport const q = m;\n',
       "families/general.ts": 'import { db } from "../accounts/store.js";\nexport const g = db;\n',
+      "families/codesearch.ts": 'import { run } from "../inference/pool.js";\nexport const c = run;\n',
       "accounts/store.ts": "export const db = 1;\n",
     });
     const found = cruise(dir).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`);
@@ -62,6 +63,7 @@ describe("import rules", () => {
     expect(found).toContain("observability-imports-nothing: src/observability/metrics.ts → src/pipeline/index.ts");
     expect(found).toContain("families-pipeline-never-http-accounts: src/families/general.ts → src/accounts/store.ts");
     expect(found).toContain("accounts-imported-by-the-edge-only: src/families/general.ts → src/accounts/store.ts");
+    expect(found).toContain("families-never-inference: src/families/codesearch.ts → src/inference/pool.ts");
     expect(found.some((f) => f.startsWith("no-circular:"))).toBe(true);
   });
 });

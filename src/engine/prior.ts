@@ -1,8 +1,4 @@
-import { pack, readLabels, type EncodedQuestion } from "../inference/pack.js";
-import type { InferencePool } from "../inference/pool.js";
-import { branchCost, planPasses } from "../families/yesno.js";
-import { buildPrefix } from "../prompt/index.js";
-import type { LoadedBuild } from "./build.js";
+import type { EncodedQuestion } from "../inference/pack.js";
 
 /**
  * Content-free priors (contextual calibration, Zhao et al. 2021): the same
@@ -33,19 +29,11 @@ export class PriorCache {
   }
 
   /**
-   * Label log-probabilities of each branch read against the neutral state.
-   * Missing branches run in as few passes as `maxTokens` allows.
+   * Each branch's cached reading against `neutral`, or undefined; counts hits
+   * and misses. A hit becomes the most recently used entry.
    */
-  async read(
-    lb: LoadedBuild,
-    pool: InferencePool,
-    neutral: string,
-    branches: readonly EncodedQuestion[],
-    maxTokens: number,
-    signal?: AbortSignal,
-  ): Promise<number[][]> {
-    const build = lb.build.manifest.build_hash;
-    const out: (number[] | undefined)[] = branches.map((b) => {
+  lookup(build: string, neutral: string, branches: readonly EncodedQuestion[]): (number[] | undefined)[] {
+    const out = branches.map((b) => {
       const k = this.key(build, neutral, b);
       const hit = this.entries.get(k);
       if (hit) {
@@ -55,24 +43,15 @@ export class PriorCache {
       }
       return hit;
     });
-    const missing = out.flatMap((v, i) => (v === undefined ? [i] : []));
-    this.hits += branches.length - missing.length;
-    this.misses += missing.length;
-    if (missing.length > 0) {
-      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
-      for (const pass of planPasses(prefix.length, missing.map((i) => branchCost(branches[i]!)), maxTokens)) {
-        const idx = pass.map((j) => missing[j]!);
-        const packed = pack(prefix, idx.map((i) => branches[i]!));
-        const res = await pool.infer(lb.build.onnxPath, packed, signal);
-        const lps = readLabels(packed, res.logprobs);
-        idx.forEach((i, n) => {
-          out[i] = lps[n]!;
-          this.entries.set(this.key(build, neutral, branches[i]!), lps[n]!);
-        });
-      }
-      while (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
-    }
-    return out as number[][];
+    const missing = out.filter((v) => v === undefined).length;
+    this.hits += branches.length - missing;
+    this.misses += missing;
+    return out;
+  }
+
+  store(build: string, neutral: string, branch: EncodedQuestion, reading: number[]): void {
+    this.entries.set(this.key(build, neutral, branch), reading);
+    while (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
   }
 }
 

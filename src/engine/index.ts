@@ -1,0 +1,187 @@
+import { AssayError } from "../errors/catalogue.js";
+import { generalPasses } from "../inference/cost.js";
+import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
+import type { AdmittedWork, InferencePool } from "../inference/pool.js";
+import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
+import { buildPrefix } from "../prompt/index.js";
+import type { LoadedBuild } from "./build.js";
+import { PriorCache } from "./prior.js";
+
+export type { EncodedQuestion, PackedRequest, PlannedPass };
+/** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
+export { pack };
+export { likelyEscalated } from "../inference/work.js";
+export { labelIds, loadBuild, type LoadedBuild } from "./build.js";
+export { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
+
+/**
+ * The one seam between the families and the worker pool. A family turns a
+ * request into a prefix and branches (a question's suffix and its answer
+ * labels); the engine packs them, plans passes within a token limit, admits
+ * the request's work, queues the passes and reads each branch's label
+ * log-probabilities. Nothing else packs, queues or reads the pool.
+ */
+
+/** What a scoring call carries of its request; both optional, so offline tools pass nothing. */
+export interface ScoreContext {
+  /** Where queue and inference time are added (the request's Timings). */
+  timings?: { add(phase: "queue" | "inference", ms: number): void };
+  /** The request's signal: a pass is not started after it aborts, and the pool drops or cuts loose the one in flight. */
+  signal?: AbortSignal | undefined;
+}
+
+/** Per branch, per label: the log-probability of each of its tokens. */
+export type TokenReadings = number[][][];
+
+export class Engine {
+  /** Content-free readings of questions, per build (prior.ts). */
+  readonly priors = new PriorCache();
+
+  constructor(readonly pool: InferencePool) {}
+
+  /** Runs a packed pass: each branch's label log-probabilities (summed over the label's tokens), in branch order. */
+  async run(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext = {}): Promise<number[][]> {
+    const lps = readLabels(packed, (await this.infer(lb, packed, ctx)).logprobs);
+    if (lps.some((b) => b.some((x) => !Number.isFinite(x)))) {
+      throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+    }
+    return lps;
+  }
+
+  /** `prefix` + `branches` in one pass. */
+  score(lb: LoadedBuild, prefix: number[], branches: EncodedQuestion[], ctx: ScoreContext = {}): Promise<number[][]> {
+    return this.run(lb, pack(prefix, branches), ctx);
+  }
+
+  /**
+   * The branches named by `which` (all when omitted) against one prefix, in as
+   * few passes as `limit` allows (planPasses). Readings come back in input
+   * order, undefined for branches not read.
+   */
+  async scoreMany(
+    lb: LoadedBuild,
+    prefix: number[],
+    branches: readonly EncodedQuestion[],
+    limit: number,
+    ctx: ScoreContext = {},
+    which?: readonly number[],
+  ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
+    const lps = new Array<number[] | undefined>(branches.length);
+    const passes = passesOf(prefix.length, branches, limit, which);
+    for (const pass of passes) {
+      // A request cut short (deadline, hang-up, drain) starts no further pass;
+      // the queued one was dropped and the running one cut loose by the pool.
+      ctx.signal?.throwIfAborted();
+      const read = await this.score(lb, prefix, pass.map((i) => branches[i]!), ctx);
+      pass.forEach((i, n) => (lps[i] = read[n]!));
+    }
+    return { lps, passes: passes.length };
+  }
+
+  /**
+   * Each branch read against a neutral state (a content-free prior, prior.ts),
+   * from the per-build cache where it was read before; the rest in as few
+   * passes as `limit` allows.
+   */
+  async prior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, ctx: ScoreContext = {}): Promise<number[][]> {
+    const build = lb.build.manifest.build_hash;
+    const out = this.priors.lookup(build, neutral, branches);
+    const missing = out.flatMap((v, i) => (v === undefined ? [i] : []));
+    if (missing.length > 0) {
+      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
+      const { lps } = await this.scoreMany(lb, prefix, branches, limit, ctx, missing);
+      for (const i of missing) {
+        out[i] = lps[i]!;
+        this.priors.store(build, neutral, branches[i]!, lps[i]!);
+      }
+    }
+    return out as number[][];
+  }
+
+  /**
+   * Every branch against one prefix, read token by token (the readout study
+   * compares sums, means and first tokens from one reading). Passes are planned
+   * as `scoreMany` plans them.
+   */
+  async readTokens(lb: LoadedBuild, prefix: number[], branches: readonly EncodedQuestion[], limit: number): Promise<{ readings: TokenReadings; ms: number; tokens: number }> {
+    const readings: TokenReadings = new Array(branches.length);
+    let ms = 0;
+    let tokens = 0;
+    for (const pass of passesOf(prefix.length, branches, limit)) {
+      const packed = pack(prefix, pass.map((i) => branches[i]!));
+      const { logprobs, runMs } = await this.infer(lb, packed, {});
+      ms += runMs;
+      tokens += packed.inputIds.length;
+      pass.forEach((i, n) => (readings[i] = packed.readout[n]!.map((cells) => cells.map((c) => logprobs[c]!))));
+    }
+    return { readings, ms, tokens };
+  }
+
+  /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
+  plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
+    return passesOf(prefixLength, branches, limit, which).map((pass) => {
+      const c = pass.map((i) => branchCost(branches[i]!));
+      const shape = { tokens: prefixLength + c.reduce((a, b) => a + b, 0), prefix: prefixLength, branches: pass.length, width: Math.max(...c) };
+      return { model: lb.build.onnxPath, shape };
+    });
+  }
+
+  /**
+   * The passes of a general request: its packed pass, a content-free prior
+   * pass where `prior`, and a second reading of the shortlisted questions.
+   */
+  planGeneral(lb: LoadedBuild, packed: PackedRequest, prior: boolean, shortlist: boolean): PlannedPass[] {
+    return generalPasses(lb.build.onnxPath, packed, prior, shortlist);
+  }
+
+  /**
+   * Admits a request's planned work, or throws the 529 / 422 that says why
+   * not (InferencePool.admit). Release it in `finally`.
+   */
+  admit(passes: readonly PlannedPass[], req: { orgId: string; signal?: AbortSignal | undefined; deadline?: RequestDeadline | undefined }): AdmittedWork {
+    return this.pool.admit(passes, workRequest(req));
+  }
+
+  private async infer(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<{ logprobs: Float32Array; runMs: number }> {
+    const q0 = performance.now();
+    const out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
+    ctx.timings?.add("inference", out.runMs);
+    ctx.timings?.add("queue", Math.max(0, performance.now() - q0 - out.runMs));
+    return out;
+  }
+}
+
+/** Tokens one branch adds to a pass: its suffix and its label trie (at most every label token plus an end). */
+export function branchCost(b: EncodedQuestion): number {
+  return b.suffix.length + b.labels.reduce((s, l) => s + l.length, 0) + 1;
+}
+
+/**
+ * Groups branch indices into passes. The graph pads every branch of a pass to
+ * the pass's longest one (attention is [branches × longest × (prefix +
+ * longest)]), so the budget counts padded tokens: longest-first, a pass takes
+ * branches while prefix + count × longest stays within `limit`. Branches of
+ * similar length end up together and memory stays bounded by the limit.
+ */
+export function planPasses(prefixLength: number, costs: readonly number[], limit: number): number[][] {
+  const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
+  const passes: number[][] = [];
+  let cur: number[] = [];
+  let longest = 0;
+  for (const i of order) {
+    if (cur.length > 0 && prefixLength + (cur.length + 1) * longest > limit) {
+      passes.push(cur);
+      cur = [];
+    }
+    if (cur.length === 0) longest = costs[i]!;
+    cur.push(i);
+  }
+  if (cur.length > 0) passes.push(cur);
+  return passes;
+}
+
+/** `planPasses` over the branches named by `which` (all when omitted), as branch indices. */
+function passesOf(prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
+  const idx = which ? [...which] : branches.map((_, i) => i);
+  return planPasses(prefixLength, idx.map((i) => branchCost(branches[i]!)), limit).map((pass) => pass.map((j) => idx[j]!));
+}

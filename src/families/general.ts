@@ -1,0 +1,278 @@
+import { AssayError, invalid } from "../errors/catalogue.js";
+import { labelIds, pack, subtractPrior, NEUTRAL_STATE, type EncodedQuestion, type LoadedBuild, type PackedRequest } from "../engine/index.js";
+import type { ResolvedModel } from "../models/registry.js";
+import type { CalibrationFit } from "../models/manifest.js";
+import type { PipelineContext } from "../pipeline/types.js";
+import type { Timings } from "../pipeline/timings.js";
+import { answer, averageReadings, calibrationForMode, logSumExp } from "../probability/index.js";
+import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
+import {
+  describeZodError,
+  generalQuestions,
+  type Answer,
+  type Question,
+  type RequestEnvelope,
+  type State,
+  type SystemOneResponse,
+} from "../validate/schema.js";
+import type { FamilyEnv } from "./types.js";
+
+/**
+ * The general family: any state, any mix of noul / choice / score questions.
+ * All questions are branches of one packed pass over the state (plus their
+ * option-order presentations); a content-free prior pass and a shortlist
+ * pass where the build's calibration asks for them.
+ */
+
+export interface PreparedQuestion {
+  id: string;
+  type: Question["type"];
+  keys: string[];
+  levels?: string[];
+  /** Option index of each label read (several surface forms may share one). */
+  option: number[];
+  /** Per block, when the blocks map labels to options differently (numbered options): the label → option map. */
+  blockOptions?: number[][];
+  /**
+   * Packed blocks holding this question's presentations (one unless the
+   * options are shown in several orders, see ASSAY_DEBIAS); their readings
+   * are averaged. Absent: the question's own index.
+   */
+  blocks?: number[];
+}
+
+export interface PreparedRequest {
+  packed: PackedRequest;
+  questions: PreparedQuestion[];
+  /**
+   * Option-order debiasing asked for (a long request may have been packed
+   * with fewer presentations than `maxShifts`, see `prepare`).
+   */
+  debias?: Debias;
+  /** What it was prepared from, so that it can be packed again another way. */
+  source?: { state: State; questions: Record<string, Question> };
+  /** The packed blocks as encoded, in block order: what a content-free prior reads again. */
+  encoded?: EncodedQuestion[];
+}
+
+/** Per option, the log of the summed probability of its labels. */
+export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[], option: readonly number[] = q.option): number[] {
+  const out = new Array<number>(q.keys.length).fill(-Infinity);
+  labelLp.forEach((lp, i) => {
+    const o = option[i]!;
+    const a = out[o]!;
+    const m = Math.max(a, lp);
+    out[o] = m === -Infinity ? -Infinity : m + Math.log(Math.exp(a - m) + Math.exp(lp - m));
+  });
+  return out;
+}
+
+/**
+ * Prompt → tokens → packed sequence. Pure given the build; used by the bench too.
+ * `debias` (default: the configuration's default) adds each question's other
+ * presentations as unbilled branches; when `maxTokens` is given and the
+ * packed sequence would exceed it, fewer presentations are used (down to one,
+ * which under `cyclic` is still the canonical order), never a longer request.
+ */
+export function prepare(
+  lb: LoadedBuild,
+  state: State,
+  questions: Record<string, Question>,
+  timings?: Timings,
+  opts: { debias?: Debias; maxTokens?: number } = {},
+): PreparedRequest {
+  const t0 = performance.now();
+  const requested = opts.debias ?? DEFAULT_DEBIAS;
+  // Callers that give no limit get the model's context, capped at the default ASSAY_MAX_PACKED_TOKENS.
+  const maxTokens = opts.maxTokens ?? Math.min(lb.build.manifest.context_length, DEFAULT_MAX_PACKED_TOKENS);
+  let debias = requested;
+  let prompt = buildPrompt(lb.style, state, questions, debias);
+  const t1 = performance.now();
+  const prefix = lb.tokenizer.encode(prompt.prefix);
+  let packed: PackedRequest;
+  let blocks: number[][];
+  let encoded: EncodedQuestion[];
+  for (;;) {
+    encoded = [];
+    blocks = [];
+    for (const q of prompt.questions) {
+      const labels = q.labels.map((l) => labelIds(lb, l));
+      const mine = [encoded.length];
+      // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
+      encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
+      for (const [j, v] of (q.variants ?? []).entries()) {
+        mine.push(encoded.length);
+        const own = q.variantLabels?.[j];
+        encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
+      }
+      blocks.push(mine);
+    }
+    packed = pack(prefix, encoded);
+    for (const q of prompt.questions) if (q.billedSuffix !== undefined) packed.promptTokens += lb.tokenizer.encode(q.billedSuffix).length;
+    if (encoded.length === prompt.questions.length || debias.maxShifts <= 1 || packed.inputIds.length <= maxTokens) break;
+    debias = { ...debias, maxShifts: Math.floor(debias.maxShifts / 2) };
+    prompt = buildPrompt(lb.style, state, questions, debias);
+  }
+  const t2 = performance.now();
+  timings?.add("prompt", t1 - t0);
+  timings?.add("tokenize", t2 - t1);
+  return {
+    packed,
+    debias: requested,
+    source: { state, questions },
+    encoded,
+    questions: prompt.questions.map((q, i) => {
+      const src = questions[q.id]!;
+      const base = {
+        id: q.id,
+        type: q.type,
+        keys: q.keys,
+        option: q.option,
+        blocks: blocks[i]!,
+        // Blocks dropped for length (above) are the trailing variants: their maps go with them.
+        ...(q.variantOptions ? { blockOptions: [q.option, ...q.variantOptions].slice(0, blocks[i]!.length) } : {}),
+      };
+      return src.type === "score" ? { ...base, levels: src.criteria } : base;
+    }),
+  };
+}
+
+export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
+  const parsed = generalQuestions().safeParse(env.questions);
+  if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
+  const lb = fam.build(model.build);
+  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
+  // Debias presentations are dropped before the request is refused: only the
+  // caller's own questions have to fit.
+  const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias, maxTokens: limit });
+  if (prepared.packed.inputIds.length > limit) {
+    throw invalid(
+      `request too long for model "${env.model}": ${prepared.packed.inputIds.length} tokens to process ` +
+        `(state + questions + answer labels), limit ${limit}; send a shorter state or fewer questions`,
+    );
+  }
+  // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
+  // pass, and a content-free prior pass where the calibration weighs one in.
+  const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off")?.prior ?? {}).some((w) => w > 0);
+  const work = fam.engine.admit(fam.engine.planGeneral(lb, prepared.packed, priorPass, shortlisted(fam, lb, prepared).length > 0), ctx);
+  try {
+    await ctx.admit?.(prepared.packed.promptTokens);
+    const answers = await score(fam, lb, prepared, ctx);
+    return {
+      model: env.model,
+      answers,
+      usage: { input_tokens: prepared.packed.promptTokens, output_tokens: 0 },
+    };
+  } finally {
+    work.release();
+  }
+}
+
+async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, ctx: PipelineContext): Promise<Record<string, Answer>> {
+  const fit = calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off");
+  const readings = await read(fam, lb, prepared, fit, ctx);
+  await shortlist(fam, lb, prepared, readings, fit, ctx);
+  const t = performance.now();
+  const answers: Record<string, Answer> = {};
+  prepared.questions.forEach((q, i) => (answers[q.id] = answer(q, readings[i]!, fit)));
+  ctx.timings.add("probability", performance.now() - t);
+  return answers;
+}
+
+/**
+ * Shortlist, then choose: a question with more options than are numbered
+ * (BANKING77's 77 intents) is read once by key; its `shortlist` most likely
+ * options are then asked again as a numbered question in all their cyclic
+ * shifts (the readout that reads best with few options), against the same
+ * state, in one more pass. The shortlist's share of probability is kept and
+ * split as the second reading says; the other options keep the first
+ * reading. Measured in bench/RESULTS.md (issue 18). Unbilled, like the
+ * debias presentations: the caller's question was read as sent.
+ */
+async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, readings: number[][], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {
+  const k = shortlistSize(fam, lb);
+  const src = prepared.source;
+  const which = shortlisted(fam, lb, prepared);
+  if (which.length === 0 || !src) return;
+  const picks = new Map<number, number[]>();
+  const sub: Record<string, Question> = {};
+  which.forEach((i) => {
+    const q = prepared.questions[i]!;
+    const orig = src.questions[q.id];
+    if (orig?.type !== "choice") return;
+    const lp = readings[i]!;
+    const top = lp.map((_, j) => j).sort((a, b) => lp[b]! - lp[a]!).slice(0, k);
+    picks.set(i, top);
+    sub[q.id] = { ...orig, criteria: Object.fromEntries(top.map((j) => [q.keys[j]!, orig.criteria[q.keys[j]!] ?? null])) };
+  });
+  if (picks.size === 0) return;
+  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
+  const second = prepare(lb, src.state, sub, ctx.timings, { debias: fam.debias, maxTokens: limit });
+  const again = await read(fam, lb, second, fit, ctx);
+  const byId = new Map(second.questions.map((q, j) => [q.id, j]));
+  for (const [i, top] of picks) {
+    const q = prepared.questions[i]!;
+    const j = byId.get(q.id)!;
+    const keys = second.questions[j]!.keys;
+    const z = logSumExp(readings[i]!);
+    const lp = readings[i]!.map((x) => x - z);
+    const share = logSumExp(top.map((o) => lp[o]!));
+    const z2 = logSumExp(again[j]!);
+    keys.forEach((key, n) => (lp[q.keys.indexOf(key)] = share + again[j]![n]! - z2));
+    readings[i] = lp;
+  }
+}
+
+/** ASSAY_SHORTLIST, lowered by the build's fit where a shortlist was measured not to help it. */
+function shortlistSize(fam: FamilyEnv, lb: LoadedBuild): number {
+  const own = lb.build.manifest.calibration?.shortlist;
+  return own === undefined ? fam.shortlist : Math.min(own, fam.shortlist);
+}
+
+/** Indices of the questions read again over a shortlist. */
+function shortlisted(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest): number[] {
+  const k = shortlistSize(fam, lb);
+  if (k < 2 || !prepared.source) return [];
+  return prepared.questions.flatMap((q, i) => (q.type === "choice" && q.keys.length > Math.max(k, NUMBERED_MAX_OPTIONS) ? [i] : []));
+}
+
+/** Per question, its options' log-probabilities: every presentation read, the prior taken off, averaged. */
+async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<number[][]> {
+  const lps = await fam.engine.run(lb, prepared.packed, ctx);
+  const priors = await readPriors(fam, lb, prepared, fit, ctx);
+  return prepared.questions.map((q, i) => {
+    const w = fit?.prior?.[q.type] ?? 0;
+    const readings = (q.blocks ?? [i]).map((b, j) => {
+      const option = q.blockOptions?.[j] ?? q.option;
+      // Score level names differ in length ("negative", "very negative"):
+      // a level is read by its mean log-probability per token, so that a
+      // longer name is not penalised for its length (the readout study).
+      const perToken = (xs: readonly number[]) =>
+        q.type === "score" && prepared.encoded ? xs.map((x, l) => x / Math.max(1, prepared.encoded![b]!.labels[l]!.length)) : xs;
+      const lp = optionLogprobs(q, perToken(lps[b]!), option);
+      const prior = priors.get(b);
+      return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, perToken(prior), option), w) : lp;
+    });
+    return readings.length === 1 ? readings[0]! : averageReadings(readings);
+  });
+}
+
+/** Content-free readings of the blocks whose question type has a prior weight, by block index. */
+async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
+  const out = new Map<number, number[]>();
+  if (!fit?.prior || !prepared.encoded) return out;
+  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
+  // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
+  const byNeutral = new Map<string, number[]>();
+  prepared.questions.forEach((q, i) => {
+    if (!((fit.prior?.[q.type] ?? 0) > 0)) return;
+    const neutral = fit.prior_state?.[q.type] ?? NEUTRAL_STATE;
+    byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...(q.blocks ?? [i])]);
+  });
+  for (const [neutral, blocks] of byNeutral) {
+    const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded![b]!), limit, ctx);
+    blocks.forEach((b, n) => out.set(b, reads[n]!));
+  }
+  return out;
+}
+
