@@ -59,6 +59,13 @@ module.exports = {
       to: { path: "^src/(http|accounts)/" },
     },
     {
+      name: "served-code-never-offline-tools",
+      comment: "the server applies a calibration file and never fits one: eval/ (fitting, dev runs) and cli/ are offline tools",
+      severity: "error",
+      from: { path: ["^src/(http|validate|accounts|pipeline|families|engine|prompt|tokenizer|inference|probability|models|config|errors|observability|batch)/", "^src/(app|main)\\.ts$"] },
+      to: { path: "^src/(eval|cli)/" },
+    },
+    {
       name: "no-circular",
       severity: "error",
       from: {},

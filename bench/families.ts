@@ -6,7 +6,7 @@
  */
 import path from "node:path";
 import { ROOT, loadConfig } from "../src/config/index.js";
-import { codeSearchRequests, factCheckRequests, readCodeSearch, readFactCheck, spreadRows } from "../src/families/fit.js";
+import { codeSearchRequests, factCheckRequests, readCodeSearch, readFactCheck, spreadRows } from "../src/eval/family-fit.js";
 import { EnginePipeline } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
 import type { RequestEnvelope } from "../src/validate/schema.js";

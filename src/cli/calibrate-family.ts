@@ -15,7 +15,8 @@ import { CALIBRATION_DIR, CalibrationFit, readCalibrationFile } from "../models/
 import { EnginePipeline } from "../pipeline/index.js";
 import { sigmoid } from "../probability/calibration.js";
 import { NOUL_KEY, logit, noulLogit } from "../probability/calibration.js";
-import { adjustForRecall, recallAt, type RecallFit } from "../probability/recall.js";
+import { adjustForRecall, type RecallFit } from "../probability/recall.js";
+import { recallAt } from "../eval/fitting.js";
 import { FACTCHECK_CALIBRATION_KEY, claimFit } from "../families/factcheck.js";
 import { FAMILY_PROMPT_VERSION } from "../prompt/families.js";
 import {
@@ -31,7 +32,7 @@ import {
   runScored,
   spreadRows,
   type ScoredItem,
-} from "../families/fit.js";
+} from "../eval/family-fit.js";
 import { fitBand, type Band } from "../families/escalation.js";
 import type { CliIO } from "./keys.js";
 import { FactCheckFit, FamilyPrior, familyFit } from "../families/types.js";

@@ -154,7 +154,16 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     ...(opts.debias !== undefined ? { debias: opts.debias } : {}),
     ...(opts.shifts !== undefined ? { debiasMaxShifts: opts.shifts } : {}),
   });
-  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  // Fit on the model's own readings: the build is loaded without its fit,
+  // all but the content-free prior, which is part of the reading.
+  let prior: Record<string, number> | undefined;
+  let priorState: Record<string, string> | undefined;
+  const readingFit = (shipped: CalibrationFit | null, manifest: { build_hash: string }): CalibrationFit | null => {
+    prior = opts.prior ?? shipped?.prior;
+    priorState = opts.priorState ?? shipped?.prior_state;
+    return prior ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, ...(priorState ? { prior_state: priorState } : {}), data: [] } : null;
+  };
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`), { calibration: { model: opts.model, fit: readingFit } });
   try {
     if (!pipeline.registry.has(opts.model)) {
       throw new Error(`unknown model "${opts.model}"; available models: ${pipeline.registry.names().join(", ")}`);
@@ -163,20 +172,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     if (resolved.family !== "general") throw new Error(`model "${opts.model}" is a ${resolved.family} model; calibrate fits general models`);
     const lb = pipeline.build(opts.model);
     const manifest = lb.build.manifest;
-    // Fit on the model's own readings: the loaded fit is set aside for the
-    // run, all but the content-free prior, which is part of the reading.
-    const shipped = manifest.calibration;
-    const prior = opts.prior ?? shipped?.prior;
-    const priorState = opts.priorState ?? shipped?.prior_state;
-    manifest.calibration = prior
-      ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, ...(priorState ? { prior_state: priorState } : {}), data: [] }
-      : null;
-    let runs;
-    try {
-      runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
-    } finally {
-      manifest.calibration = shipped;
-    }
+    const runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
     const items = fitItems(runs);
     const failed = runs.reduce((n, r) => n + r.items.filter((i) => i.main === null).length, 0);
     if (failed > 0) io.stderr(`assay calibrate: ${failed} items got no answer and are left out\n`);

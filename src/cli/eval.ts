@@ -12,7 +12,7 @@ import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
-import { checkCalibration, readCalibrationFile } from "../models/manifest.js";
+import { checkCalibration, readCalibrationFile, type Manifest } from "../models/manifest.js";
 import { calibrationForMode } from "../probability/index.js";
 import { debiasCostTable, measureDebiasCost, type DebiasCost } from "../eval/cost.js";
 import type { Debias } from "../prompt/index.js";
@@ -93,7 +93,11 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
     ...(opts.debias !== undefined ? { debias: opts.debias } : {}),
     ...(opts.shifts !== undefined ? { debiasMaxShifts: opts.shifts } : {}),
   });
-  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
+  // `--calibration`: the build is loaded raw or under that file instead of its shipped fit.
+  const file = opts.calibration;
+  const fit =
+    file === undefined ? undefined : (_: unknown, manifest: Manifest) => (file === "none" ? null : checkCalibration(readCalibrationFile(file), manifest, file));
+  const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`), fit ? { calibration: { model: opts.model, fit } } : {});
   try {
     if (!pipeline.registry.has(opts.model)) {
       throw new Error(`unknown model "${opts.model}"; available models: ${pipeline.registry.names().join(", ")}`);
@@ -103,10 +107,6 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
       throw new Error(`model "${opts.model}" is a ${resolved.family} model; eval asks noul/choice/score questions of a general model`);
     }
     const lb = pipeline.build(opts.model);
-    if (opts.calibration === "none") lb.build.manifest.calibration = null;
-    else if (opts.calibration !== undefined) {
-      lb.build.manifest.calibration = checkCalibration(readCalibrationFile(opts.calibration), lb.build.manifest, opts.calibration);
-    }
     // What the pipeline applies under this run's debias mode.
     const calibration = calibrationForMode(lb.build.manifest.calibration, config.debias);
     const t0 = performance.now();

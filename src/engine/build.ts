@@ -1,4 +1,4 @@
-import { readBuild, type ModelBuild } from "../models/manifest.js";
+import { readBuild, type ModelBuild, type ReadBuildOptions } from "../models/manifest.js";
 import { styleFromTemplate, type PromptStyle } from "../prompt/index.js";
 import { TextTokenizer } from "../tokenizer/index.js";
 
@@ -12,8 +12,8 @@ export interface LoadedBuild {
   labelCache: Map<string, number[]>;
 }
 
-export function loadBuild(dir: string): LoadedBuild {
-  const build = readBuild(dir);
+export function loadBuild(dir: string, opts: ReadBuildOptions = {}): LoadedBuild {
+  const build = readBuild(dir, opts);
   const tokenizer = new TextTokenizer(build);
   const style = styleFromTemplate(build.manifest.chat_template);
   const endToken = style.kind === "chatml" ? style.end : build.manifest.special_tokens.eos;

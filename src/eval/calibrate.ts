@@ -9,7 +9,8 @@
  * temperature and a top-label map (src/probability/calibration.ts says why).
  */
 import type { CalibrationMaps, Platt } from "../probability/index.js";
-import { balancedWeights, calibrateNoul, fitPlatt, fitTemperature, fitTopLabel, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
+import { calibrateNoul, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
+import { balancedWeights, fitPlatt, fitTemperature, fitTopLabel } from "./fitting.js";
 import { argmaxIndex, auroc, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
 import { readDataset, type TaskType } from "./datasets.js";

@@ -4,7 +4,8 @@
  * leave-one-dataset-out. Pure functions, no model.
  */
 import { accuracy, argmaxIndex, auroc, macroF1, mean, meanAbsoluteError, reliability } from "./metrics.js";
-import { fitPlatt, fitTemperature, fitTopLabel, sigmoid, type Platt } from "../probability/calibration.js";
+import { sigmoid, type Platt } from "../probability/calibration.js";
+import { fitPlatt, fitTemperature, fitTopLabel } from "./fitting.js";
 import { labelProbabilities, softmax } from "../probability/index.js";
 
 const logNormalise = (xs: readonly number[]) => {

@@ -95,6 +95,12 @@ export interface ReadBuildOptions {
   calibrationDir?: string;
   /** Told about a fit that is present but refused (another build). Default: a process warning. */
   warn?: (message: string) => void;
+  /**
+   * Replaces the fit found for this build, at load: the offline tools read a
+   * build raw (eval `--calibration none`), under another file, or under the
+   * shipped prior alone (calibrate), without changing a build once loaded.
+   */
+  calibration?: (found: CalibrationFit | null, manifest: Manifest) => CalibrationFit | null;
 }
 
 /**
@@ -133,7 +139,8 @@ export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild 
   const file = path.join(dir, "manifest.json");
   if (!fs.existsSync(file)) throw new Error(`no exported model in ${dir} (manifest.json missing); run npm run prepare-models`);
   const manifest = Manifest.parse(JSON.parse(fs.readFileSync(file, "utf8")));
-  manifest.calibration = findCalibration(dir, manifest, opts);
+  const found = findCalibration(dir, manifest, opts);
+  manifest.calibration = opts.calibration ? opts.calibration(found, manifest) : found;
   return {
     dir,
     manifest,

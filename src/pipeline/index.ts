@@ -4,6 +4,7 @@ import { Engine, loadBuild, type LoadedBuild } from "../engine/index.js";
 import { InferencePool } from "../inference/pool.js";
 import { ModelLifecycle } from "../models/lifecycle.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
+import type { ReadBuildOptions } from "../models/manifest.js";
 import { parseSchedule } from "../models/schedule.js";
 import { DEFAULT_DEBIAS, NO_DEBIAS, type Debias } from "../prompt/index.js";
 import { runCodeSearch } from "../families/codesearch.js";
@@ -46,8 +47,17 @@ export class EnginePipeline implements Pipeline {
     };
   }
 
-  /** Loads every configured build and warms the default model on every lane. */
-  static async create(config: Config, log: (msg: string) => void = () => {}): Promise<EnginePipeline> {
+  /**
+   * Loads every configured build and warms the default model on every lane.
+   * `calibration` replaces the fit of the build behind one model name, at
+   * load (the offline tools: eval and calibrate read a build raw or under
+   * another file).
+   */
+  static async create(
+    config: Config,
+    log: (msg: string) => void = () => {},
+    opts: { calibration?: { model: string; fit: NonNullable<ReadBuildOptions["calibration"]> } } = {},
+  ): Promise<EnginePipeline> {
     const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
     const pool = new InferencePool(config);
     const lifecycle = new ModelLifecycle(pool, {
@@ -58,8 +68,9 @@ export class EnginePipeline implements Pipeline {
     const p = new EnginePipeline(config, registry, pool, lifecycle);
     try {
       const def = registry.resolve(registry.file.default);
+      const override = opts.calibration && registry.has(opts.calibration.model) ? registry.resolve(opts.calibration.model).build : null;
       for (const build of registry.usedBuilds()) {
-        const lb = loadBuild(registry.buildDir(build));
+        const lb = loadBuild(registry.buildDir(build), build === override ? { calibration: opts.calibration!.fit } : {});
         p.builds.set(build, lb);
         lifecycle.register(build, lb.build.onnxPath, registry.availability(build));
       }

@@ -1,12 +1,13 @@
 import { describe, expect, it } from "vitest";
 import { DEFAULT_BAND, escalate, fitBand, unsureIndices } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
-import { crossValidateRecall, foldsByGroup, type ScoredItem } from "../../src/families/fit.js";
+import { crossValidateRecall, foldsByGroup, type ScoredItem } from "../../src/eval/family-fit.js";
 import { planPasses } from "../../src/engine/index.js";
 import { ModelLifecycle, type ModelLoader } from "../../src/models/lifecycle.js";
 import { inSchedule, parseSchedule } from "../../src/models/schedule.js";
 import { AssayError } from "../../src/errors/catalogue.js";
-import { adjustForRecall, fitRecallThreshold, recallAt } from "../../src/probability/recall.js";
+import { adjustForRecall } from "../../src/probability/recall.js";
+import { fitRecallThreshold, recallAt } from "../../src/eval/fitting.js";
 
 describe("schedule", () => {
   const s = parseSchedule("mon-fri 07:30-19:00 America/Los_Angeles");

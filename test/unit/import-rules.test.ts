@@ -48,7 +48,7 @@ describe("import rules", () => {
     expect(cruise(ROOT).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`)).toEqual([]);
   });
 
-  it("the rule set catches the HTTP layer importing the engine, a family reading the pool, a low layer importing a high one, and a cycle", () => {
+  it("the rule set catches the HTTP layer importing the engine, a family reading the pool, served code importing an offline tool, a low layer importing a high one, and a cycle", () => {
     const dir = fixture({
       "http/routes.ts": 'import { run } from "../inference/pool.js";\nexport const r = run;\n',
       "inference/pool.ts": "export const run = 1;\n",
@@ -56,6 +56,8 @@ describe("import rules", () => {
       "pipeline/index.ts": 'import { m } from "../observability/metrics.js";\nexport const p = 1;\nexport const q = m;\n',
       "families/general.ts": 'import { db } from "../accounts/store.js";\nexport const g = db;\n',
       "families/codesearch.ts": 'import { run } from "../inference/pool.js";\nexport const c = run;\n',
+      "probability/calibration.ts": 'import { fit } from "../eval/fitting.js";\nexport const f = fit;\n',
+      "eval/fitting.ts": "export const fit = 1;\n",
       "accounts/store.ts": "export const db = 1;\n",
     });
     const found = cruise(dir).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`);
@@ -64,6 +66,7 @@ describe("import rules", () => {
     expect(found).toContain("families-pipeline-never-http-accounts: src/families/general.ts → src/accounts/store.ts");
     expect(found).toContain("accounts-imported-by-the-edge-only: src/families/general.ts → src/accounts/store.ts");
     expect(found).toContain("families-never-inference: src/families/codesearch.ts → src/inference/pool.ts");
+    expect(found).toContain("served-code-never-offline-tools: src/probability/calibration.ts → src/eval/fitting.ts");
     expect(found.some((f) => f.startsWith("no-circular:"))).toBe(true);
   });
 });

@@ -4,17 +4,13 @@ import {
   averageReadings,
   calibrateNoul,
   calibrationForMode,
-  fitPlatt,
-  fitTemperature,
-  fitTopLabel,
   labelProbabilities,
   noulLogit,
-  plattNll,
   sigmoid,
   softmax,
-  temperatureNll,
   uncalibrateNoulLogit,
 } from "../../src/probability/index.js";
+import { fitPlatt, fitTemperature, fitTopLabel, plattNll, temperatureNll } from "../../src/eval/fitting.js";
 import type { CalibrationFit } from "../../src/models/manifest.js";
 
 /** Deterministic PRNG (mulberry32) so the synthetic samples are the same on every run. */

@@ -1,11 +1,12 @@
 import fs from "node:fs";
 import path from "node:path";
-import { auroc, binaryPrediction, reliability } from "../eval/metrics.js";
-import { balancedWeights, fitPlatt, logit } from "../probability/calibration.js";
-import { adjustForRecall, fitRecallThreshold, recallAt, type RecallFit } from "../probability/recall.js";
+import { auroc, binaryPrediction, reliability } from "./metrics.js";
+import { balancedWeights, fitPlatt, fitRecallThreshold, recallAt } from "./fitting.js";
+import { logit } from "../probability/calibration.js";
+import { adjustForRecall, type RecallFit } from "../probability/recall.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
-import { unsureIndices, type Band } from "./escalation.js";
+import { unsureIndices, type Band } from "../families/escalation.js";
 
 /**
  * Fitting the code search and fact check maps on labelled dev data, with
