@@ -47,10 +47,12 @@ module.exports = {
     },
     {
       name: "accounts-imported-by-the-edge-only",
-      comment: "only the HTTP edge, the process entry points, the admin CLI and batch pricing hold accounts",
+      comment:
+        "only the HTTP edge, the process entry points, the admin CLI and batch pricing hold accounts; " +
+        "money.ts is pure µUSD arithmetic (no store, no I/O), the one USD parser, so config may use it too",
       severity: "error",
       from: { path: "^src/", pathNot: ["^src/(accounts|http|cli|batch)/", "^src/(app|main)\\.ts$"] },
-      to: { path: "^src/accounts/" },
+      to: { path: "^src/accounts/", pathNot: "^src/accounts/money\\.ts$" },
     },
     {
       name: "families-pipeline-never-http-accounts",

@@ -1,24 +1,6 @@
-export type {
-  AccountsStore,
-  Awaitable,
-  Balance,
-  CreatedKey,
-  CreditStore,
-  HoldRequest,
-  HoldResult,
-  KeyCheck,
-  KeyInfo,
-  LedgerAudit,
-  LedgerEntry,
-  LedgerKind,
-  OpenHold,
-  Org,
-  SettleRequest,
-  Store,
-  UsageReport,
-} from "./types.js";
-export { SqliteAccountsStore, openSqliteAccounts, DB_FILE } from "./sqlite.js";
-export { PgAccountsStore, openPgAccounts, type PgStoreOptions } from "./postgres.js";
+export type * from "./types.js";
+export { SqliteAccountsStore, DB_FILE } from "./sqlite.js";
+export { PgAccountsStore, type PgStoreOptions } from "./postgres.js";
 export { checkOrgName, DEFAULT_STARTING_GRANT_MICRO, type StoreOptions } from "./shared.js";
 export { ensureLocalKey, LOCAL_ORG, LOCAL_KEY_FILE, type LocalKey, type LocalKeyLog } from "./local-key.js";
 export { KEY_PATTERN, KEY_PREFIX, isWellFormedKey } from "./keys.js";
@@ -31,9 +13,9 @@ export { parseUsd, formatUsd, formatPrice, chargeFor, MICRO_PER_USD } from "./mo
 import type { Config } from "../config/index.js";
 import type { AdmissionLog, AdmissionSettings } from "./admission.js";
 import { InProcessLimiter, type ConcurrencyLimiter } from "./limiter.js";
-import { openPgAccounts } from "./postgres.js";
+import { PgAccountsStore } from "./postgres.js";
 import { RedisLimiter } from "./redis-limiter.js";
-import { openSqliteAccounts } from "./sqlite.js";
+import { SqliteAccountsStore } from "./sqlite.js";
 import type { Store } from "./types.js";
 
 type StoreConfig = Pick<Config, "dataDir" | "databaseUrl" | "databaseSchema" | "startingGrantMicro">;
@@ -41,13 +23,13 @@ type StoreConfig = Pick<Config, "dataDir" | "databaseUrl" | "databaseSchema" | "
 /** The store the config asks for: PostgreSQL when ASSAY_DATABASE_URL is set, else SQLite in the data dir. */
 export async function openAccounts(config: StoreConfig): Promise<Store> {
   if (config.databaseUrl) {
-    return openPgAccounts({
+    return PgAccountsStore.open({
       connectionString: config.databaseUrl,
       ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
       startingGrantMicro: config.startingGrantMicro,
     });
   }
-  return openSqliteAccounts(config.dataDir, { startingGrantMicro: config.startingGrantMicro });
+  return new SqliteAccountsStore(config.dataDir, { startingGrantMicro: config.startingGrantMicro });
 }
 
 /** The limiter the config asks for: Redis when ASSAY_REDIS_URL is set, else in-process. */

@@ -1,5 +1,6 @@
 /** Rules both stores share: organization names, hold ids, the starting grant. */
 import crypto from "node:crypto";
+import { assertMicro } from "./money.js";
 
 const ORG_NAME_MAX = 100;
 /** Default free credit for a new organization: $1. */
@@ -8,6 +9,13 @@ export const DEFAULT_STARTING_GRANT_MICRO = 1_000_000;
 export interface StoreOptions {
   /** µUSD granted to every new organization (0 = none). */
   startingGrantMicro?: number;
+}
+
+/** The starting grant a store is opened with, checked. */
+export function startingGrant(options: StoreOptions): number {
+  const grant = options.startingGrantMicro ?? DEFAULT_STARTING_GRANT_MICRO;
+  assertMicro(grant, "starting grant");
+  return grant;
 }
 
 /** Trimmed organization name, or an Error saying what is wrong with it. */

@@ -16,7 +16,8 @@ import { loadConfig } from "../config/index.js";
 import { ModelRegistry } from "../models/registry.js";
 import { EngineScorer } from "../batch/engine-scorer.js";
 import { HttpScorer } from "../batch/http-scorer.js";
-import { loadPricing, usd } from "../batch/pricing.js";
+import { formatUsd } from "../accounts/money.js";
+import { loadPricing, type Pricing } from "../batch/pricing.js";
 import { runBatch, type BatchResult } from "../batch/runner.js";
 import type { Scorer } from "../batch/scorer.js";
 import type { CliIO } from "./keys.js";
@@ -97,7 +98,7 @@ export function summaryText(
   ];
   if (priceNote === null) lines.push("cost: no price list in this checkout; tokens only");
   else if (r.run.costMicro === null || r.file.costMicro === null) lines.push(`cost: a model has no price in ${priceNote}; tokens only`);
-  else lines.push(`cost: ${usd(r.run.costMicro)} this run; ${usd(r.file.costMicro)} in ${out} (${priceNote})`);
+  else lines.push(`cost: ${formatUsd(r.run.costMicro)} this run; ${formatUsd(r.file.costMicro)} in ${out} (${priceNote})`);
   if (r.truncatedBytes > 0) lines.push(`note: removed a cut last line (${r.truncatedBytes} bytes) from ${out}; it ran again`);
   if (r.invalidLines > 0) lines.push(`note: ${r.invalidLines} line(s) of ${out} are not records; ignored`);
   return `${lines.join("\n")}\n`;
@@ -124,10 +125,12 @@ export async function batchCommand(opts: BatchCliOptions, io: CliIO): Promise<Ba
     scorer = await EngineScorer.create(config, (m) => io.stderr(`${m}\n`));
   }
   try {
-    const pricing = await loadPricing(io.env, (m) => scorer.family?.(m) ?? null).catch((e: unknown) => {
+    let pricing: Pricing | null = null;
+    try {
+      pricing = loadPricing(io.env, (m) => scorer.family?.(m) ?? null);
+    } catch (e) {
       io.stderr(`assay batch: prices not used: ${e instanceof Error ? e.message : String(e)}\n`);
-      return null;
-    });
+    }
     let bar: { tick(done: number): void; stop(): void } | null = null;
     const result = await (async () => {
       try {

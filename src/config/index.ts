@@ -2,6 +2,7 @@ import path from "node:path";
 import os from "node:os";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { parseUsd } from "../accounts/money.js";
 
 /** Repository root (src/config → ../..; dist/src/config → ../../..). */
 export const ROOT = (() => {
@@ -223,7 +224,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     redisUrl: e.ASSAY_REDIS_URL ?? null,
     redisPrefix: e.ASSAY_REDIS_PREFIX,
     pricesFile: e.ASSAY_PRICES,
-    startingGrantMicro: usdToMicro(e.ASSAY_STARTING_GRANT_USD),
+    startingGrantMicro: parseUsd(e.ASSAY_STARTING_GRANT_USD),
     concurrencyBeforePurchase: e.ASSAY_CONCURRENCY_BEFORE_PURCHASE,
     concurrencyAfterPurchase: e.ASSAY_CONCURRENCY_AFTER_PURCHASE,
     holdTtlMs: Math.round(e.ASSAY_HOLD_TTL_SECONDS * 1000),
@@ -236,10 +237,4 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     testFaults: e.ASSAY_TEST_FAULTS,
     ...overrides,
   });
-}
-
-/** "1.5" → 1,500,000 µUSD by string arithmetic (the format is checked by the schema). */
-function usdToMicro(text: string): number {
-  const [whole = "0", frac = ""] = text.split(".");
-  return Number(whole) * 1_000_000 + Number(frac.padEnd(6, "0"));
 }
