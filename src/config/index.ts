@@ -55,11 +55,11 @@ const Env = z.object({
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
-  ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192).meta({ doc: "longest packed sequence per request (422 above)" }),
+  ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192).meta({ doc: "longest packed sequence per forward pass; a longer request is read in several passes over the same state (422 only when the state and one question exceed it)" }),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic").meta({ doc: "option-order debiasing: `cyclic` (extra presentations, averaged) or `off` (asked once, in the caller's order)" }),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
-  ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8).meta({ doc: "a choice question with up to this many options is asked in all its cyclic shifts, one with more in the canonical order only (halved while the request would exceed the packed limit)" }),
+  ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8).meta({ doc: "a choice question with up to this many options is asked in all its cyclic shifts, one with more in the canonical order only; every presentation is kept at any request size" }),
   /** A choice question with more options than are numbered is read again over its this-many likeliest options (0: off). */
   ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(8).meta({ doc: "a choice question with more options than that (and than 8) is read again over its this-many likeliest options, numbered, in all their shifts (one more pass); `0` turns it off. A build's fit may lower it (`shortlist` in `models/calibration/<build>.json`): the 0.5B ships `0`, where it did not help" }),
   /**

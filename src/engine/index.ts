@@ -1,5 +1,5 @@
 import { AssayError } from "../errors/catalogue.js";
-import { generalPasses } from "../inference/cost.js";
+import { generalPasses, shapeOf } from "../inference/cost.js";
 import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
@@ -127,11 +127,12 @@ export class Engine {
   }
 
   /**
-   * The passes of a general request: its packed pass, a content-free prior
-   * pass where `prior`, and a second reading of the shortlisted questions.
+   * The passes of a general request: its packed pass or the passes `plan`
+   * gave for it, a content-free prior pass of each where `prior`, and a
+   * second reading of the shortlisted questions.
    */
-  planGeneral(lb: LoadedBuild, packed: PackedRequest, prior: boolean, shortlist: boolean): PlannedPass[] {
-    return generalPasses(lb.build.onnxPath, packed, prior, shortlist);
+  planGeneral(lb: LoadedBuild, passes: readonly (PackedRequest | PlannedPass)[], prior: boolean, shortlist: boolean): PlannedPass[] {
+    return generalPasses(lb.build.onnxPath, passes.map((p) => ("shape" in p ? p.shape : shapeOf(p))), prior, shortlist);
   }
 
   /**

@@ -4,8 +4,8 @@
  * alternately on the same lane (so that a busy machine slows both alike).
  * Reports packed tokens, billed tokens and engine time per request.
  */
-import type { LoadedBuild, PackedRequest } from "../engine/index.js";
-import { prepare } from "../families/general.js";
+import type { LoadedBuild } from "../engine/index.js";
+import { prepare, readBranches, type PreparedRequest } from "../families/general.js";
 import type { EnginePipeline } from "../pipeline/index.js";
 import { NO_DEBIAS, type Debias } from "../prompt/index.js";
 import type { Question } from "../validate/schema.js";
@@ -33,10 +33,10 @@ const median = (xs: number[]) => {
   return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 
-/** Inference ms of one pass (queueing excluded). */
-async function runMs(pipeline: EnginePipeline, lb: LoadedBuild, packed: PackedRequest): Promise<number> {
+/** Inference ms of a prepared request's pass or passes (queueing excluded). */
+async function runMs(pipeline: EnginePipeline, lb: LoadedBuild, prepared: PreparedRequest, limit: number): Promise<number> {
   let ms = 0;
-  await pipeline.engine.run(lb, packed, { timings: { add: (phase, t) => void (phase === "inference" && (ms += t)) } });
+  await readBranches(pipeline.engine, lb, prepared, limit, { timings: { add: (phase, t) => void (phase === "inference" && (ms += t)) } });
   return ms;
 }
 
@@ -48,12 +48,12 @@ export async function measureDebiasCost(pipeline: EnginePipeline, lb: LoadedBuil
     for (const group of groupByState(ds.items, 64).slice(0, limit)) {
       const questions: Record<string, Question> = {};
       for (const it of group) questions[it.id] = it.question;
-      const off = prepare(lb, group[0]!.state, questions, undefined, { debias: NO_DEBIAS, maxTokens });
-      const on = prepare(lb, group[0]!.state, questions, undefined, { debias, maxTokens });
+      const off = prepare(lb, group[0]!.state, questions, undefined, { debias: NO_DEBIAS });
+      const on = prepare(lb, group[0]!.state, questions, undefined, { debias });
       // Alternate which goes first, so that neither always runs on a warmer cache.
       const first = rows.length % 2 === 0;
-      const a = await runMs(pipeline, lb, (first ? off : on).packed);
-      const b = await runMs(pipeline, lb, (first ? on : off).packed);
+      const a = await runMs(pipeline, lb, first ? off : on, maxTokens);
+      const b = await runMs(pipeline, lb, first ? on : off, maxTokens);
       const [msOff, msOn] = first ? [a, b] : [b, a];
       rows.push({
         off: msOff,

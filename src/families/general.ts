@@ -1,11 +1,11 @@
-import { AssayError, invalid } from "../errors/catalogue.js";
-import { labelIds, pack, subtractPrior, NEUTRAL_STATE, type EncodedQuestion, type LoadedBuild, type PackedRequest } from "../engine/index.js";
+import { invalid } from "../errors/catalogue.js";
+import { branchCost, labelIds, pack, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type ScoreContext } from "../engine/index.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import type { Timings } from "../pipeline/timings.js";
 import { answer, averageReadings, calibrationForMode, logSumExp } from "../probability/index.js";
-import { buildPrompt, DEFAULT_DEBIAS, DEFAULT_MAX_PACKED_TOKENS, NO_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
+import { buildPrompt, DEFAULT_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
 import {
   describeZodError,
   generalQuestions,
@@ -44,15 +44,14 @@ export interface PreparedQuestion {
 export interface PreparedRequest {
   packed: PackedRequest;
   questions: PreparedQuestion[];
-  /**
-   * Option-order debiasing asked for (a long request may have been packed
-   * with fewer presentations than `maxShifts`, see `prepare`).
-   */
-  debias?: Debias;
-  /** What it was prepared from, so that it can be packed again another way. */
-  source?: { state: State; questions: Record<string, Question> };
-  /** The packed blocks as encoded, in block order: what a content-free prior reads again. */
-  encoded?: EncodedQuestion[];
+  /** The prompt prefix (system text + state) as token ids. */
+  prefix: number[];
+  /** Option-order debiasing: every question is read in all its presentations. */
+  debias: Debias;
+  /** What it was prepared from, so that a shortlist can be asked of the same state. */
+  source: { state: State; questions: Record<string, Question> };
+  /** The packed blocks as encoded, in block order: the branches of a multi-pass read, and what a content-free prior reads again. */
+  encoded: EncodedQuestion[];
 }
 
 /** Per option, the log of the summed probability of its labels. */
@@ -70,55 +69,46 @@ export function optionLogprobs(q: PreparedQuestion, labelLp: readonly number[], 
 /**
  * Prompt → tokens → packed sequence. Pure given the build; used by the bench too.
  * `debias` (default: the configuration's default) adds each question's other
- * presentations as unbilled branches; when `maxTokens` is given and the
- * packed sequence would exceed it, fewer presentations are used (down to one,
- * which under `cyclic` is still the canonical order), never a longer request.
+ * presentations as unbilled branches. Every presentation is kept whatever
+ * the size: a request whose packed sequence exceeds the pass limit is read in
+ * several passes over the same prefix (`readBranches`), so a question gets
+ * the same answer among 64 others as alone.
  */
 export function prepare(
   lb: LoadedBuild,
   state: State,
   questions: Record<string, Question>,
   timings?: Timings,
-  opts: { debias?: Debias; maxTokens?: number } = {},
+  opts: { debias?: Debias } = {},
 ): PreparedRequest {
   const t0 = performance.now();
-  const requested = opts.debias ?? DEFAULT_DEBIAS;
-  // Callers that give no limit get the model's context, capped at the default ASSAY_MAX_PACKED_TOKENS.
-  const maxTokens = opts.maxTokens ?? Math.min(lb.build.manifest.context_length, DEFAULT_MAX_PACKED_TOKENS);
-  let debias = requested;
-  let prompt = buildPrompt(lb.style, state, questions, debias);
+  const debias = opts.debias ?? DEFAULT_DEBIAS;
+  const prompt = buildPrompt(lb.style, state, questions, debias);
   const t1 = performance.now();
   const prefix = lb.tokenizer.encode(prompt.prefix);
-  let packed: PackedRequest;
-  let blocks: number[][];
-  let encoded: EncodedQuestion[];
-  for (;;) {
-    encoded = [];
-    blocks = [];
-    for (const q of prompt.questions) {
-      const labels = q.labels.map((l) => labelIds(lb, l));
-      const mine = [encoded.length];
-      // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
-      encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
-      for (const [j, v] of (q.variants ?? []).entries()) {
-        mine.push(encoded.length);
-        const own = q.variantLabels?.[j];
-        encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
-      }
-      blocks.push(mine);
+  const encoded: EncodedQuestion[] = [];
+  const blocks: number[][] = [];
+  for (const q of prompt.questions) {
+    const labels = q.labels.map((l) => labelIds(lb, l));
+    const mine = [encoded.length];
+    // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
+    encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
+    for (const [j, v] of (q.variants ?? []).entries()) {
+      mine.push(encoded.length);
+      const own = q.variantLabels?.[j];
+      encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
     }
-    packed = pack(prefix, encoded);
-    for (const q of prompt.questions) if (q.billedSuffix !== undefined) packed.promptTokens += lb.tokenizer.encode(q.billedSuffix).length;
-    if (encoded.length === prompt.questions.length || debias.maxShifts <= 1 || packed.inputIds.length <= maxTokens) break;
-    debias = { ...debias, maxShifts: Math.floor(debias.maxShifts / 2) };
-    prompt = buildPrompt(lb.style, state, questions, debias);
+    blocks.push(mine);
   }
+  const packed = pack(prefix, encoded);
+  for (const q of prompt.questions) if (q.billedSuffix !== undefined) packed.promptTokens += lb.tokenizer.encode(q.billedSuffix).length;
   const t2 = performance.now();
   timings?.add("prompt", t1 - t0);
   timings?.add("tokenize", t2 - t1);
   return {
     packed,
-    debias: requested,
+    prefix,
+    debias,
     source: { state, questions },
     encoded,
     questions: prompt.questions.map((q, i) => {
@@ -129,32 +119,48 @@ export function prepare(
         keys: q.keys,
         option: q.option,
         blocks: blocks[i]!,
-        // Blocks dropped for length (above) are the trailing variants: their maps go with them.
-        ...(q.variantOptions ? { blockOptions: [q.option, ...q.variantOptions].slice(0, blocks[i]!.length) } : {}),
+        ...(q.variantOptions ? { blockOptions: [q.option, ...q.variantOptions] } : {}),
       };
       return src.type === "score" ? { ...base, levels: src.criteria } : base;
     }),
   };
 }
 
+/** The pass limit for a build: ASSAY_MAX_PACKED_TOKENS within the model's context. */
+const passLimit = (fam: FamilyEnv, lb: LoadedBuild) => Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
+
+/** Whether the prepared request is one pass (the fast path) or several over the same prefix. */
+const fitsOnePass = (prepared: PreparedRequest, limit: number) => prepared.packed.inputIds.length <= limit;
+
+/**
+ * Every block's label log-probabilities: the packed pass where it fits, else
+ * the blocks in as few passes over the same prefix as the limit allows.
+ */
+export async function readBranches(engine: Engine, lb: LoadedBuild, prepared: PreparedRequest, limit: number, ctx: ScoreContext): Promise<number[][]> {
+  if (fitsOnePass(prepared, limit)) return engine.run(lb, prepared.packed, ctx);
+  return (await engine.scoreMany(lb, prepared.prefix, prepared.encoded, limit, ctx)).lps as number[][];
+}
+
 export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
   const parsed = generalQuestions().safeParse(env.questions);
   if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
   const lb = fam.build(model.build);
-  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
-  // Debias presentations are dropped before the request is refused: only the
-  // caller's own questions have to fit.
-  const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias, maxTokens: limit });
-  if (prepared.packed.inputIds.length > limit) {
+  const limit = passLimit(fam, lb);
+  const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias });
+  // Only the state with one question has to fit in a pass: the questions are
+  // read in as many passes as they need.
+  const widest = Math.max(...prepared.encoded.map(branchCost));
+  if (prepared.prefix.length + widest > limit) {
     throw invalid(
-      `request too long for model "${env.model}": ${prepared.packed.inputIds.length} tokens to process ` +
-        `(state + questions + answer labels), limit ${limit}; send a shorter state or fewer questions`,
+      `request too long for model "${env.model}": the state takes ${prepared.prefix.length} tokens and its longest question ` +
+        `(with its answer labels) ${widest}, over the limit of ${limit} tokens per pass; send a shorter state or shorter questions`,
     );
   }
   // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
-  // pass, and a content-free prior pass where the calibration weighs one in.
-  const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off")?.prior ?? {}).some((w) => w > 0);
-  const work = fam.engine.admit(fam.engine.planGeneral(lb, prepared.packed, priorPass, shortlisted(fam, lb, prepared).length > 0), ctx);
+  // pass (or passes), and a content-free prior pass where the calibration weighs one in.
+  const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)?.prior ?? {}).some((w) => w > 0);
+  const passes = fitsOnePass(prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
+  const work = fam.engine.admit(fam.engine.planGeneral(lb, passes, priorPass, shortlisted(fam, lb, prepared).length > 0), ctx);
   try {
     await ctx.admit?.(prepared.packed.promptTokens);
     const answers = await score(fam, lb, prepared, ctx);
@@ -169,7 +175,7 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
 }
 
 async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, ctx: PipelineContext): Promise<Record<string, Answer>> {
-  const fit = calibrationForMode(lb.build.manifest.calibration, prepared.debias?.mode ?? "off");
+  const fit = calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode);
   const readings = await read(fam, lb, prepared, fit, ctx);
   await shortlist(fam, lb, prepared, readings, fit, ctx);
   const t = performance.now();
@@ -193,7 +199,7 @@ async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequ
   const k = shortlistSize(fam, lb);
   const src = prepared.source;
   const which = shortlisted(fam, lb, prepared);
-  if (which.length === 0 || !src) return;
+  if (which.length === 0) return;
   const picks = new Map<number, number[]>();
   const sub: Record<string, Question> = {};
   which.forEach((i) => {
@@ -206,8 +212,7 @@ async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequ
     sub[q.id] = { ...orig, criteria: Object.fromEntries(top.map((j) => [q.keys[j]!, orig.criteria[q.keys[j]!] ?? null])) };
   });
   if (picks.size === 0) return;
-  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
-  const second = prepare(lb, src.state, sub, ctx.timings, { debias: fam.debias, maxTokens: limit });
+  const second = prepare(lb, src.state, sub, ctx.timings, { debias: fam.debias });
   const again = await read(fam, lb, second, fit, ctx);
   const byId = new Map(second.questions.map((q, j) => [q.id, j]));
   for (const [i, top] of picks) {
@@ -232,13 +237,13 @@ function shortlistSize(fam: FamilyEnv, lb: LoadedBuild): number {
 /** Indices of the questions read again over a shortlist. */
 function shortlisted(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest): number[] {
   const k = shortlistSize(fam, lb);
-  if (k < 2 || !prepared.source) return [];
+  if (k < 2) return [];
   return prepared.questions.flatMap((q, i) => (q.type === "choice" && q.keys.length > Math.max(k, NUMBERED_MAX_OPTIONS) ? [i] : []));
 }
 
 /** Per question, its options' log-probabilities: every presentation read, the prior taken off, averaged. */
 async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<number[][]> {
-  const lps = await fam.engine.run(lb, prepared.packed, ctx);
+  const lps = await readBranches(fam.engine, lb, prepared, passLimit(fam, lb), ctx);
   const priors = await readPriors(fam, lb, prepared, fit, ctx);
   return prepared.questions.map((q, i) => {
     const w = fit?.prior?.[q.type] ?? 0;
@@ -248,7 +253,7 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
       // a level is read by its mean log-probability per token, so that a
       // longer name is not penalised for its length (the readout study).
       const perToken = (xs: readonly number[]) =>
-        q.type === "score" && prepared.encoded ? xs.map((x, l) => x / Math.max(1, prepared.encoded![b]!.labels[l]!.length)) : xs;
+        q.type === "score" ? xs.map((x, l) => x / Math.max(1, prepared.encoded[b]!.labels[l]!.length)) : xs;
       const lp = optionLogprobs(q, perToken(lps[b]!), option);
       const prior = priors.get(b);
       return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, perToken(prior), option), w) : lp;
@@ -260,8 +265,8 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
 /** Content-free readings of the blocks whose question type has a prior weight, by block index. */
 async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
   const out = new Map<number, number[]>();
-  if (!fit?.prior || !prepared.encoded) return out;
-  const limit = Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
+  if (!fit?.prior) return out;
+  const limit = passLimit(fam, lb);
   // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
   const byNeutral = new Map<string, number[]>();
   prepared.questions.forEach((q, i) => {
@@ -270,7 +275,7 @@ async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedReq
     byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...(q.blocks ?? [i])]);
   });
   for (const [neutral, blocks] of byNeutral) {
-    const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded![b]!), limit, ctx);
+    const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded[b]!), limit, ctx);
     blocks.forEach((b, n) => out.set(b, reads[n]!));
   }
   return out;

@@ -62,16 +62,16 @@ export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {
 }
 
 /**
- * The passes of a general request: its one packed pass, and with `prior` a
- * content-free prior pass of the same blocks (counted as uncached: a cache
- * hit only makes the request finish sooner). With `shortlist`, a second
- * reading of its many-option questions over their shortlists: counted as
- * the first pass again (its k presentations of k options weigh about what
- * one list of all the options did), with its own prior pass.
+ * The passes of a general request: its packed pass (or the passes it is read
+ * in when it exceeds the pass limit), and with `prior` a content-free prior
+ * pass of the same blocks (counted as uncached: a cache hit only makes the
+ * request finish sooner). With `shortlist`, a second reading of its
+ * many-option questions over their shortlists: counted as the first passes
+ * again (its k presentations of k options weigh about what one list of all
+ * the options did), with its own prior passes.
  */
-export function generalPasses(model: string, packed: PackedTensors, prior: boolean, shortlist = false): { model: string; shape: PassShape }[] {
-  const shape = shapeOf(packed);
-  const one = prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape) }] : [{ model, shape }];
+export function generalPasses(model: string, shapes: readonly PassShape[], prior: boolean, shortlist = false): { model: string; shape: PassShape }[] {
+  const one = shapes.flatMap((shape) => (prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape) }] : [{ model, shape }]));
   return shortlist ? [...one, ...one] : one;
 }
 

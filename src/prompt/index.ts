@@ -265,9 +265,6 @@ export const NO_DEBIAS: Debias = Object.freeze({ mode: "off", maxShifts: 1 });
  */
 export const DEFAULT_DEBIAS: Debias = Object.freeze({ mode: "cyclic", maxShifts: 8 });
 
-/** ASSAY_MAX_PACKED_TOKENS' default, for callers of `prepare` that give no limit. */
-export const DEFAULT_MAX_PACKED_TOKENS = 8192;
-
 /**
  * A choice question with at most this many options is numbered and read by
  * number; with more, by key. It depends on the option count alone (not on

@@ -6,6 +6,7 @@
  * Cost: 4 single-question passes, one 64-question pass, two 2-question passes.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { prepare } from "../../src/families/general.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Answer, Question } from "../../src/validate/schema.js";
 import { ask, startEngine } from "./engine.js";
@@ -108,12 +109,10 @@ function expectSame(id: string, alone: Answer | undefined, together: Answer | un
 
 let engine: EnginePipeline;
 beforeAll(async () => {
-  // 64 questions with every debias presentation (named score levels are read
-  // four ways since issue 18) pack to more than the default 8,192 tokens; above
-  // the limit presentations are dropped (the debias cliff, issue 16), which is
-  // not what this test is about: it checks that the other questions do not
-  // change an answer, so the pass gets room for all of them.
-  engine = await startEngine({ ASSAY_MAX_PACKED_TOKENS: "16384" });
+  // The default pass limit (8,192 tokens): 64 questions with every debias
+  // presentation pack to more than that, so the request is read in several
+  // passes over the same state, every presentation kept.
+  engine = await startEngine();
 });
 afterAll(async () => {
   await engine?.close();
@@ -140,6 +139,8 @@ describe("answers do not depend on the other questions in the request", () => {
     questions.urgency = TARGETS.urgency;
     expect(Object.keys(questions)).toHaveLength(64);
 
+    // Over one pass: read in several, and still answered as each question alone.
+    expect(prepare(engine.build("judge-latest"), STATE, questions).packed.inputIds.length).toBeGreaterThan(8192);
     const together = await ask(engine, STATE, questions);
     expect(Object.keys(together.answers)).toHaveLength(64);
     for (const id of Object.keys(TARGETS)) expectSame(id, alone[id], together.answers[id]);

@@ -7,7 +7,6 @@
  * work runs: refused and cancelled requests never reach the worker.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { generalPasses } from "../../src/inference/cost.js";
 import { DEADLINE_MARGIN, SAFETY } from "../../src/inference/work.js";
 import { prepare } from "../../src/families/general.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
@@ -47,10 +46,10 @@ const noul = (state: string) => ({ model: "judge-latest", state, questions: { la
 /** The engine's current estimate (ms) for a general request, as the pipeline will plan it. */
 function estimateOf(payload: ReturnType<typeof noul>): number {
   const lb = engine.build("judge-latest");
-  const prepared = prepare(lb, payload.state, payload.questions as never, undefined, { maxTokens: 512 });
+  const prepared = prepare(lb, payload.state, payload.questions as never);
   // The pipeline plans a content-free prior pass too where the build's calibration weighs one in.
   const prior = Object.values(lb.build.manifest.calibration?.prior ?? {}).some((w) => w > 0);
-  return engine.pool.estimate(generalPasses(lb.build.onnxPath, prepared.packed, prior));
+  return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], prior, false));
 }
 
 const post = (payload: object, key = t!.key, headers: Record<string, string> = {}) =>
