@@ -5,15 +5,18 @@
  * Hook order for a request (see src/http/body.ts for the body checks):
  *   onRequest  request id headers, timings, draining → 503 (/v1/*), Content-Length → 413
  *   parsing    Content-Type / Content-Encoding → 415, streamed size → 413, raw bytes kept
- *   preHandler API key → 401, organization bound to the request's logger
- *   handler    concurrency slot → 429, JSON + envelope → 422,
- *              pipeline.run under the request's deadline (504) (credit hold
+ *   preValidation (scoring routes) API key → 401, organization bound to the
+ *              request's logger, concurrency slot → 429, decoding + JSON → 413/422
+ *   validation the route's zod schema (src/validate/schema.ts) → 422
+ *   preHandler API key → 401 (the other /v1 routes)
+ *   handler    pipeline.run under the request's deadline (504) (credit hold
  *              in `admit` → 402; 502/503/529 from the model) → 200 and settle,
  *              or its AssayError and no charge; hold and slot released once the work stops
  *   errors     src/http/errors.ts, the only place an error becomes a response
  *   onResponse metrics (requests, stages, tokens) and one JSON log line per request
  */
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import { validatorCompiler } from "fastify-type-provider-zod";
 import { Admission } from "./accounts/admission.js";
 import { admissionSettings, openLimiter } from "./accounts/index.js";
 import { loadPrices } from "./accounts/prices.js";
@@ -22,7 +25,7 @@ import type { Config } from "./config/index.js";
 import { AssayError } from "./errors/catalogue.js";
 import { checkContentLength, registerJsonBody } from "./http/body.js";
 import "./http/context.js";
-import { clientErrorHandler, errorHandler, frameworkErrors, notFoundHandler } from "./http/errors.js";
+import { clientErrorHandler, errorHandler, frameworkErrors, notFoundHandler, schemaErrorFormatter } from "./http/errors.js";
 import { Lifecycle } from "./http/lifecycle.js";
 import { registerOps, type FaultInjector } from "./http/ops.js";
 import { requestIdFor, setRequestIdHeaders } from "./http/request-id.js";
@@ -86,6 +89,7 @@ export function buildApp({ config, pipeline, accounts, admission: given, logger,
   app.decorateRequest("timings", null as unknown as Timings);
   app.decorateRequest("org", null);
   app.decorateRequest("scoring", null);
+  app.decorateRequest("admitted", null);
 
   app.addHook("onRequest", async (request, reply) => {
     // First, so that every later failure still carries the id.
@@ -93,6 +97,7 @@ export function buildApp({ config, pipeline, accounts, admission: given, logger,
     request.timings = new Timings();
     request.org = null;
     request.scoring = null;
+    request.admitted = null;
     // Draining: the API refuses new work; probes, metrics and docs still answer.
     if (lifecycle.draining && request.url.startsWith("/v1/")) {
       reply.header("connection", "close");
@@ -143,6 +148,9 @@ export function buildApp({ config, pipeline, accounts, admission: given, logger,
   });
 
   registerJsonBody(app);
+  // Route schemas are zod (src/validate/schema.ts); a refusal is the same 422 and detail the handlers gave.
+  app.setValidatorCompiler(validatorCompiler);
+  app.setSchemaErrorFormatter(schemaErrorFormatter);
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler(notFoundHandler);
   registerRoutes(app, {

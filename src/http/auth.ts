@@ -1,7 +1,8 @@
 /**
- * `Authorization: Bearer <key>` → organization. Runs as a route preHandler,
- * after the body size and content type checks and before the body is
- * parsed. A refused key gets 401 with a detail saying which check failed;
+ * `Authorization: Bearer <key>` → organization. Runs as a route hook
+ * (preValidation on the scoring routes, preHandler on the others), after the
+ * body size and content type checks and before the body is decoded, parsed
+ * or validated. A refused key gets 401 with a detail saying which check failed;
  * saying "revoked" leaks nothing, since only the key's holder can learn it.
  */
 import type { FastifyReply, FastifyRequest } from "fastify";

@@ -6,11 +6,12 @@
  *               Content-Encoding not zstd, gzip, deflate, br, identity → 415
  *               body grows past 1 MiB   → 413 (chunked uploads; fastify bodyLimit)
  *               → keeps the raw bytes, does NOT decode or parse
- *   preHandler  auth                    → 401   (src/http/auth.ts)
- *   handler     (concurrency slot       → 429, src/http/routes.ts)
+ *   preValidation (route hooks, src/http/routes.ts, in this order)
+ *               auth                    → 401   (src/http/auth.ts)
+ *               concurrency slot        → 429   (src/accounts/admission.ts)
  *               bytes → decoded bytes   → 413 past 1 MiB decoded, 422 corrupt (content-encoding.ts)
  *               bytes → UTF-8 → JSON    → 422
- *               JSON → RequestEnvelope  → 422
+ *   validation  JSON → RequestEnvelope  → 422   (the route's zod body schema; errors.ts formats it)
  *
  * Decoding and parsing after auth means an unauthenticated caller never gets
  * as far as a decompressor or the JSON parser, and a bad key is reported
@@ -19,7 +20,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { AssayError, invalid } from "../errors/catalogue.js";
-import { LIMITS, RequestEnvelope, describeZodError } from "../validate/schema.js";
+import { LIMITS } from "../validate/schema.js";
 import { decodeContent, parseContentEncoding, type Coding } from "./content-encoding.js";
 
 export const BODY_LIMIT_DETAIL = `request body is larger than 1 MiB (${LIMITS.bodyBytes} bytes); send less`;
@@ -123,10 +124,4 @@ function jsonFailure(text: string): string {
     const why = e instanceof SyntaxError ? `: ${e.message.slice(0, 200)}` : "";
     return `request body is not valid JSON${why}`;
   }
-}
-
-export function parseEnvelope(json: unknown): RequestEnvelope {
-  const parsed = RequestEnvelope.safeParse(json);
-  if (!parsed.success) throw invalid(describeZodError(parsed.error));
-  return parsed.data;
 }

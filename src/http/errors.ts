@@ -8,8 +8,9 @@
 import crypto from "node:crypto";
 import http from "node:http";
 import type { Socket } from "node:net";
-import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
-import { AssayError, ERRORS, type ErrorCode } from "../errors/catalogue.js";
+import type { FastifyError, FastifyReply, FastifyRequest, FastifySchemaValidationError } from "fastify";
+import { AssayError, ERRORS, invalid, type ErrorCode } from "../errors/catalogue.js";
+import { describeZodError } from "../validate/schema.js";
 import { BODY_LIMIT_DETAIL } from "./body.js";
 import { REQUEST_ID_HEADER, SDK_REQUEST_ID_HEADER, TYPESAFE_REQUEST_ID_HEADER, setRequestIdHeaders } from "./request-id.js";
 
@@ -95,6 +96,24 @@ export function sendError(err: unknown, request: FastifyRequest, reply: FastifyR
 /** fastify `setErrorHandler`. */
 export function errorHandler(err: unknown, request: FastifyRequest, reply: FastifyReply): FastifyReply {
   return sendError(err, request, reply);
+}
+
+/**
+ * A route's `schemaErrorFormatter`: a zod schema refused the request, so it
+ * is the same 422 and the same `detail` as `describeZodError` gives for the
+ * zod error itself. fastify-type-provider-zod reports each issue with its
+ * message and its path as a JSON pointer; the request schemas name their
+ * fields, so no path segment holds a "/" of its own.
+ */
+export function schemaErrorFormatter(errors: FastifySchemaValidationError[]): Error {
+  return invalid(
+    describeZodError({
+      issues: errors.map((e) => ({
+        path: e.instancePath === "/" ? [] : e.instancePath.slice(1).split("/"),
+        message: e.message ?? "not valid",
+      })),
+    }),
+  );
 }
 
 /** fastify `setNotFoundHandler`. The path is echoed, shortened; the query never is. */

@@ -1,18 +1,22 @@
 /**
  * The routes. Handlers stay thin: the body and auth checks live in body.ts
  * and auth.ts, admission and billing in src/accounts/admission.ts, the work
- * in the pipeline, the error mapping in errors.ts.
+ * in the pipeline, the error mapping in errors.ts. The scoring routes'
+ * request body is validated by its zod schema (src/validate/schema.ts)
+ * through fastify-type-provider-zod, which also types the handler's body.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods } from "fastify";
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods, RawServerDefault, RouteGenericInterface } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
+import type { IncomingMessage } from "node:http";
 import { releaseReason, type Admission } from "../accounts/admission.js";
 import type { AccountsStore } from "../accounts/types.js";
 import type { Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
 import type { Pipeline } from "../pipeline/types.js";
-import { LIMITS, type SystemOneResponse } from "../validate/schema.js";
+import { LIMITS, RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { makeAuthenticate } from "./auth.js";
-import { makeJsonDecoder, parseEnvelope } from "./body.js";
+import { makeJsonDecoder } from "./body.js";
 import type { Lifecycle } from "./lifecycle.js";
 import { STARTING_RETRY_AFTER_S } from "./starting.js";
 
@@ -22,6 +26,11 @@ import { STARTING_RETRY_AFTER_S } from "./starting.js";
  * `bespokelabs` client posts (`client.nimble.system_one`), same requests.
  */
 export const SYSTEMONE_PATHS = ["/v1/systemone", "/v1/judge/systemone", "/v1/nimble/systemone"] as const;
+
+/** The scoring routes' schema; openapi.ts documents the same body. */
+export const SYSTEMONE_SCHEMA = { body: RequestEnvelope };
+
+type SystemOneRequest = FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof SYSTEMONE_SCHEMA, ZodTypeProvider>;
 
 export interface RouteDeps {
   pipeline: Pipeline;
@@ -63,13 +72,38 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
   const authenticate = makeAuthenticate(accounts);
   const decodeJson = makeJsonDecoder(app);
 
-  async function systemOne(request: FastifyRequest, reply: FastifyReply): Promise<SystemOneResponse> {
-    const timings = request.timings;
+  /**
+   * The organization's concurrency slot (429), after auth and before the
+   * body is decoded or validated, so that one organization decompresses and
+   * parses at most its limit of bodies at a time. The handler takes it over;
+   * until then `releaseUnclaimed` gives it back on any error.
+   */
+  async function takeSlot(request: FastifyRequest): Promise<void> {
     const org = request.org;
     if (!org) throw new AssayError("INTERNAL", "route reached without authentication");
-    // The organization's concurrency slot (429), before anything else the
-    // request does; given back once the request's work has stopped.
-    const admitted = await timings.time("admission", () => admission.begin(org, request.id));
+    request.admitted = await request.timings.time("admission", () => admission.begin(org, request.id));
+  }
+
+  /** Raw bytes → JSON, for the route's schema to validate. */
+  async function readBody(request: FastifyRequest): Promise<void> {
+    request.body = await request.timings.time("validate", () => decodeJson(request));
+  }
+
+  async function releaseUnclaimed(request: FastifyRequest, _reply: FastifyReply, error: FastifyError): Promise<void> {
+    const admitted = request.admitted;
+    if (!admitted) return;
+    request.admitted = null;
+    await admitted.end(releaseReason(error));
+  }
+
+  async function systemOne(request: SystemOneRequest, reply: FastifyReply): Promise<SystemOneResponse> {
+    const timings = request.timings;
+    const org = request.org;
+    const admitted = request.admitted;
+    if (!org || !admitted) throw new AssayError("INTERNAL", "route reached without authentication and a slot");
+    // From here on the slot is this handler's to give back, once the work has stopped.
+    request.admitted = null;
+    const envelope = request.body;
     // Deadline (504), client hang-up (504) and drain deadline (503) all abort this one signal.
     const tracked = lifecycle.track(config.requestTimeoutMs - (performance.now() - timings.start), config.requestTimeoutMs);
     const onClose = () => {
@@ -83,7 +117,6 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
     let work: Promise<SystemOneResponse> | null = null;
     let workSettled = false;
     try {
-      const envelope = await timings.time("validate", async () => parseEnvelope(await decodeJson(request)));
       request.scoring = { model: envelope.model, inputTokens: null };
       const questionCount = Object.keys(envelope.questions).length;
       work = pipeline.run(envelope, {
@@ -148,8 +181,18 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
   }
 
 
+  const scoring = app.withTypeProvider<ZodTypeProvider>();
   for (const url of SYSTEMONE_PATHS) {
-    app.post(url, { preHandler: authenticate }, systemOne);
+    scoring.post(
+      url,
+      {
+        schema: SYSTEMONE_SCHEMA,
+        // Before validation, in the order of the spec's checks: 401, 429, then the body (413/422).
+        preValidation: [authenticate, takeSlot, readBody],
+        onError: releaseUnclaimed,
+      },
+      systemOne,
+    );
     methodNotAllowed(app, url, ["POST"]);
   }
 

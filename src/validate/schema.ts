@@ -1,3 +1,9 @@
+/**
+ * The contract's shapes, each written once as a zod schema: the TypeScript
+ * type of the same name is its `z.infer`, the scoring routes validate the
+ * request envelope with it (src/http/routes.ts), and the OpenAPI document is
+ * generated from these objects (src/http/openapi.ts).
+ */
 import { z } from "zod";
 
 /** Spec limits, in one place. */
@@ -140,41 +146,52 @@ export function factCheckQuestions() {
 }
 
 // ---- answers ---------------------------------------------------------------
+// Written once, as zod: the TypeScript types are inferred from these and the
+// OpenAPI document (src/http/openapi.ts) is generated from the same objects.
 
-export interface NoulAnswer {
-  type: "noul";
-  noul: number;
-}
-export interface ChoiceAnswer {
-  type: "choice";
-  choice: string;
-  probabilities: Record<string, number>;
-  confidence: number;
-}
-export interface ScoreAnswer {
-  type: "score";
-  score: number;
-  legend: Record<string, string>;
-  probabilities: Record<string, number>;
-  confidence: number;
-}
-export type Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer;
+const Probability = z.number().min(0).max(1);
 
-export interface Usage {
-  input_tokens: number;
-  output_tokens: number;
-}
+export const NoulAnswer = z.object({ type: z.literal("noul"), noul: Probability });
+export const ChoiceAnswer = z.object({
+  type: z.literal("choice"),
+  choice: z.string(),
+  probabilities: z.record(z.string(), Probability),
+  confidence: Probability,
+});
+export const ScoreAnswer = z.object({
+  type: z.literal("score"),
+  score: z.number().min(0),
+  legend: z.record(z.string(), z.string()),
+  probabilities: z.record(z.string(), Probability),
+  confidence: Probability,
+});
+export const Answer = z.discriminatedUnion("type", [NoulAnswer, ChoiceAnswer, ScoreAnswer]);
+export type NoulAnswer = z.infer<typeof NoulAnswer>;
+export type ChoiceAnswer = z.infer<typeof ChoiceAnswer>;
+export type ScoreAnswer = z.infer<typeof ScoreAnswer>;
+export type Answer = z.infer<typeof Answer>;
 
-export interface SystemOneResponse {
-  model: string;
-  answers: Record<string, Answer>;
-  usage: Usage;
-  request_id?: string;
-  [extra: string]: unknown;
-}
+export const Usage = z.object({ input_tokens: z.number().int().min(0), output_tokens: z.number().int().min(0) });
+export type Usage = z.infer<typeof Usage>;
 
-/** Render a zod error as one readable sentence list for `detail`. */
-export function describeZodError(err: z.ZodError): string {
+/** Loose: a family may add fields of its own next to these. */
+export const SystemOneResponse = z.looseObject({
+  model: z.string(),
+  answers: z.record(z.string(), Answer),
+  usage: Usage,
+  request_id: z.string().optional(),
+});
+export type SystemOneResponse = z.infer<typeof SystemOneResponse>;
+
+/** The spec's error body, whatever the status. */
+export const ErrorBody = z.object({
+  detail: z.unknown().describe("Why the request failed."),
+  request_id: z.string().describe("Same value as the x-request-id header."),
+});
+export type ErrorBody = z.infer<typeof ErrorBody>;
+
+/** Render a zod error (or its issues, as a route schema's validator reports them) as one readable sentence list for `detail`. */
+export function describeZodError(err: { issues: readonly { path: readonly PropertyKey[]; message: string }[] }): string {
   return err.issues
     .map((i) => {
       const path = i.path.length ? i.path.map(String).join(".") : "body";

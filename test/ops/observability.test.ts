@@ -1,12 +1,11 @@
 /**
  * Observability on the real model: Prometheus /metrics, the per-request
  * timing headers (one Timings object feeds both), the JSON request log with
- * request id and organization and no credential in it, and /openapi.json +
- * /docs generated from the zod schemas.
+ * request id and organization and no credential in it, and /docs (the
+ * document itself is checked against the routes in test/http/openapi.test.ts).
  */
 import { Writable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SystemOneResponseSchema } from "../../src/http/openapi.js";
 import { createLogger } from "../../src/observability/logger.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { body, makeOpsApp, sample, startFaultyEngine, type OpsApp } from "./helpers.js";
@@ -117,39 +116,6 @@ describe("structured logs", () => {
 });
 
 describe("OpenAPI", () => {
-  it("/openapi.json is generated from the zod schemas and a real answer matches its response schema", async () => {
-    const res = await t.app.inject({ method: "GET", url: "/openapi.json" });
-    expect(res.statusCode).toBe(200);
-    const doc = res.json();
-    expect(doc.openapi).toBe("3.1.0");
-    const op = doc.paths["/v1/systemone"].post;
-    expect(op.operationId).toBe("systemOne");
-    expect(op.requestBody.content["application/json"].schema.$ref).toBe("#/components/schemas/SystemOneRequest");
-    for (const status of ["200", "401", "402", "413", "422", "429", "502", "503", "504", "529"]) expect(op.responses[status], status).toBeDefined();
-    expect(op.responses["529"].headers["retry-after"]).toBeDefined();
-    const schemas = doc.components.schemas;
-    expect(Object.keys(schemas)).toEqual(expect.arrayContaining(["NoulQuestion", "ChoiceQuestion", "ScoreQuestion", "SystemOneRequest", "SystemOneResponse", "Error"]));
-    // The limits come from the validation schemas themselves.
-    expect(JSON.stringify(schemas.ScoreQuestion)).toContain('"maxItems":255');
-    expect(doc.components.securitySchemes.bearerAuth).toEqual({ type: "http", scheme: "bearer" });
-    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(["/v1/judge/systemone", "/v1/nimble/systemone", "/v1/models", "/readyz", "/metrics"]));
-
-    const real = await post(
-      {
-        model: "judge-latest",
-        state: { ticket: 1182, text: "I want a refund, the box was crushed." },
-        questions: {
-          refund: { type: "noul", instructions: "The customer asks for a refund." },
-          topic: { type: "choice", criteria: { delivery: "shipping", billing: null } },
-          mood: { type: "score", criteria: ["angry", "neutral", "happy"] },
-        },
-      },
-      { authorization: `Bearer ${t.key}` },
-    );
-    expect(real.statusCode).toBe(200);
-    expect(SystemOneResponseSchema.strict().safeParse(real.json()).success).toBe(true);
-  });
-
   it("/docs renders the document (Swagger UI)", async () => {
     const page = await t.app.inject({ method: "GET", url: "/docs/" });
     expect(page.statusCode).toBe(200);
