@@ -23,8 +23,8 @@ import type { FastifyInstance } from "fastify";
 import { openAccounts } from "../src/accounts/index.js";
 import { buildApp } from "../src/app.js";
 import { ROOT, loadConfig, type Config } from "../src/config/index.js";
-import type { LoadedBuild } from "../src/engine/index.js";
-import { prepare, type PreparedRequest } from "../src/families/general.js";
+import { branchCost, type LoadedBuild } from "../src/engine/index.js";
+import { prepare, readBranches, type PreparedRequest } from "../src/families/general.js";
 import { EnginePipeline } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
 import type { RequestEnvelope } from "../src/validate/schema.js";
@@ -224,11 +224,11 @@ interface Harness {
 }
 
 function requester(h: Harness, layer: Layer, w: Work): () => Promise<unknown> {
-  const model = h.lb.build.onnxPath;
   let n = 0;
   switch (layer) {
     case "engine":
-      return () => h.engine.pool.infer(model, w.prepared.packed);
+      // One pass, or several over the same state where the request exceeds the pass limit (as the pipeline reads it).
+      return () => readBranches(h.engine.engine, h.lb, w.prepared, Math.min(h.config.maxPackedTokens, h.lb.build.manifest.context_length), {});
     case "pipeline":
       return () => h.engine.run(w.env, { requestId: `bench-${n++}`, orgId: "bench", timings: new Timings() });
     case "http": {
@@ -498,7 +498,9 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
         log(`latency: burst ${cellName(cell)} (${o.warmup} warm-up + ${o.requests} measured per layer)`);
         const w = work(h.lb, o.model, cell, states);
         const limit = Math.min(config.maxPackedTokens, h.lb.build.manifest.context_length);
-        if (w.prepared.packed.inputIds.length > limit) {
+        // Refused as the pipeline refuses it: the state and one question do not fit in a pass.
+        const widest = Math.max(...w.prepared.encoded.map(branchCost));
+        if (w.prepared.prefix.length + widest > limit) {
           burst.push({
             cell: cellName(cell),
             state_tokens: cell.state,
@@ -511,7 +513,7 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
             engine_tok_s: null,
             http_over_engine: null,
             pipeline_over_engine: null,
-            error: `${w.prepared.packed.inputIds.length} packed tokens, over the limit of ${limit}`,
+            error: `a ${w.prepared.prefix.length}-token state and a ${widest}-token question, over the pass limit of ${limit}`,
           });
           continue;
         }
