@@ -157,11 +157,13 @@ describe("the key comparison is constant-time", () => {
   it("code path (read from the source): both stores decide with hashesEqual on the SHA-256, never comparing the key itself", () => {
     const src = (f: string) => fs.readFileSync(path.join(ROOT, f), "utf8");
     expect(src("src/accounts/keys.ts")).toMatch(/crypto\.timingSafeEqual\(a, b\)/);
+    // Both stores run the one implementation's key check (store.ts); neither compares keys itself.
+    const body = /\*checkKeyIn\(key: string\)[\s\S]*?\n  }\n/.exec(src("src/accounts/store.ts"))![0];
+    expect(body).toMatch(/const hash = hashKey\(key\)/);
+    expect(body).toMatch(/hashesEqual\(row\.key_hash, hash\)/);
+    expect(body).not.toMatch(/(?<!typeof )\bkey\b\s*[!=]==|[!=]==\s*\bkey\b/);
     for (const f of ["src/accounts/sqlite.ts", "src/accounts/postgres.ts"]) {
-      const body = /checkKey\(key: string\)[\s\S]*?\n  }\n/.exec(src(f))![0];
-      expect(body, f).toMatch(/const hash = hashKey\(key\)/);
-      expect(body, f).toMatch(/hashesEqual\(row\.key_hash, hash\)/);
-      expect(body, f).not.toMatch(/(?<!typeof )\bkey\b\s*[!=]==|[!=]==\s*\bkey\b/);
+      expect(src(f), f).not.toMatch(/checkKey|hashKey|(?<!typeof )\bkey\b\s*[!=]==/);
     }
     expect(src("src/http/auth.ts")).not.toMatch(/\bkey\s*[!=]==\s*["'`\w]|[!=]==\s*key\b/);
   });
