@@ -35,7 +35,7 @@ export type TokenReadings = number[][][];
 
 export class Engine {
   /** Content-free readings of questions, per build (prior.ts). */
-  readonly priors = new PriorCache();
+  private readonly priors = new PriorCache();
 
   constructor(readonly pool: InferencePool) {}
 

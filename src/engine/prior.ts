@@ -19,8 +19,6 @@ export const NEUTRAL_STATE = "N/A";
 
 export class PriorCache {
   private readonly entries = new Map<string, number[]>();
-  hits = 0;
-  misses = 0;
 
   constructor(private readonly maxEntries = 50_000) {}
 
@@ -28,10 +26,7 @@ export class PriorCache {
     return `${build}|${neutral.length}:${neutral}|${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
   }
 
-  /**
-   * Each branch's cached reading against `neutral`, or undefined; counts hits
-   * and misses. A hit becomes the most recently used entry.
-   */
+  /** Each branch's cached reading against `neutral`, or undefined. A hit becomes the most recently used entry. */
   lookup(build: string, neutral: string, branches: readonly EncodedQuestion[]): (number[] | undefined)[] {
     const out = branches.map((b) => {
       const k = this.key(build, neutral, b);
@@ -43,9 +38,6 @@ export class PriorCache {
       }
       return hit;
     });
-    const missing = out.filter((v) => v === undefined).length;
-    this.hits += branches.length - missing;
-    this.misses += missing;
     return out;
   }
 

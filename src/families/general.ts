@@ -36,9 +36,9 @@ export interface PreparedQuestion {
   /**
    * Packed blocks holding this question's presentations (one unless the
    * options are shown in several orders, see ASSAY_DEBIAS); their readings
-   * are averaged. Absent: the question's own index.
+   * are averaged.
    */
-  blocks?: number[];
+  blocks: number[];
 }
 
 export interface PreparedRequest {
@@ -245,9 +245,9 @@ function shortlisted(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest)
 async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<number[][]> {
   const lps = await readBranches(fam.engine, lb, prepared, passLimit(fam, lb), ctx);
   const priors = await readPriors(fam, lb, prepared, fit, ctx);
-  return prepared.questions.map((q, i) => {
+  return prepared.questions.map((q) => {
     const w = fit?.prior?.[q.type] ?? 0;
-    const readings = (q.blocks ?? [i]).map((b, j) => {
+    const readings = q.blocks.map((b, j) => {
       const option = q.blockOptions?.[j] ?? q.option;
       // Score level names differ in length ("negative", "very negative"):
       // a level is read by its mean log-probability per token, so that a
@@ -269,10 +269,10 @@ async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedReq
   const limit = passLimit(fam, lb);
   // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
   const byNeutral = new Map<string, number[]>();
-  prepared.questions.forEach((q, i) => {
+  prepared.questions.forEach((q) => {
     if (!((fit.prior?.[q.type] ?? 0) > 0)) return;
     const neutral = fit.prior_state?.[q.type] ?? NEUTRAL_STATE;
-    byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...(q.blocks ?? [i])]);
+    byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...q.blocks]);
   });
   for (const [neutral, blocks] of byNeutral) {
     const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded[b]!), limit, ctx);

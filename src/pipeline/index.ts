@@ -26,7 +26,7 @@ export class EnginePipeline implements Pipeline {
   private readonly families: FamilyEnv;
 
   private constructor(
-    private readonly config: Config,
+    config: Config,
     readonly registry: ModelRegistry,
     readonly pool: InferencePool,
     readonly lifecycle: ModelLifecycle,
