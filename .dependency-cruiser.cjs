@@ -23,7 +23,7 @@ module.exports = {
     only("probability-imports-models-validate", "probability", ["models/", "validate/", "errors/", "config/"]),
     only("inference-imports-config-errors-observability", "inference", ["config/", "errors/", "observability/"], "the pool knows passes, not requests"),
     only("models-imports-config-errors", "models", ["config/", "errors/", "observability/"], "the lifecycle takes a loader interface, not the pool"),
-    only("engine-imports-the-layers-below", "engine", ["inference/", "prompt/", "tokenizer/", "models/", "validate/", "errors/"], "the one seam into the pool: it knows builds and passes, not families or requests"),
+    only("engine-imports-the-layers-below", "engine", ["inference/", "prompt/", "tokenizer/", "models/", "validate/", "errors/", "observability/"], "the one seam into the pool: it knows builds and passes, not families or requests"),
     {
       name: "families-never-inference",
       comment: "a family turns a request into a prefix and branches; only engine/ packs, plans, admits and reads the pool",

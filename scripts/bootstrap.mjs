@@ -100,6 +100,9 @@ function ensureVenv() {
   return py;
 }
 
+/** What scripts/export_onnx.py writes today. */
+const EXPORT_FORMAT = "assay-packed-v3";
+
 function ensureModels() {
   const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
   const recipes = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "recipes.json"), "utf8"));
@@ -108,8 +111,15 @@ function ensureModels() {
   for (const [name, build] of Object.entries(registry.builds)) {
     if (!used.has(name) && !args.has("--all-models")) continue;
     const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
-    if (fs.existsSync(path.join(dir, "manifest.json"))) continue;
+    const manifest = path.join(dir, "manifest.json");
     const recipe = build.recipe && recipes[build.recipe];
+    if (fs.existsSync(manifest)) {
+      // A build exported before the graph took past keys and values (v2) still
+      // serves, without the prefix cache; one made from a recipe is re-exported.
+      const format = JSON.parse(fs.readFileSync(manifest, "utf8")).format;
+      if (format === EXPORT_FORMAT || !recipe) continue;
+      say(`model "${name}" was exported as ${format}; exporting it again as ${EXPORT_FORMAT} (prefix cache)`);
+    }
     if (!recipe) {
       say(`model build "${name}" has no manifest in ${dir} and no recipe to make it; fix ${MODELS_CONFIG}`);
       process.exit(1);

@@ -44,7 +44,8 @@ def log(msg: str) -> None:
     print(f"[export] {msg}", flush=True)
 
 
-INPUTS = ["input_ids", "position_ids", "subtree_end", "gather_idx", "target_ids", "branch_slots", "slot_of"]
+INPUTS = ["input_ids", "position_ids", "subtree_end", "gather_idx", "target_ids", "branch_slots", "slot_of", "past_kv"]
+OUTPUTS = ["logprobs", "present_kv"]
 
 
 class PackedDecoder(nn.Module):
@@ -101,8 +102,14 @@ class PackedDecoder(nn.Module):
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-    def forward(self, input_ids, position_ids, subtree_end, gather_idx, target_ids, branch_slots, slot_of):
+    def forward(self, input_ids, position_ids, subtree_end, gather_idx, target_ids, branch_slots, slot_of, past_kv):
         """Attention in two parts, so cost grows with the state, not with T^2.
+
+        `past_kv` [2, layers, kv_heads, P, head_dim] is the keys and values of
+        P prefix tokens computed by an earlier pass (P may be 0); the S new
+        prefix tokens continue it (their positions start at P) and every token
+        attends to it as to its own prefix. `present_kv` returns the keys and
+        values of all P + S prefix tokens, so a later pass can start from them.
 
         The first S = T - R tokens are the shared prefix (causal). The last R
         tokens form B branches; `branch_slots` [B, L] lists each branch's token
@@ -121,8 +128,10 @@ class PackedDecoder(nn.Module):
         x = torch.nn.functional.embedding(input_ids, self.embed).float()
         neg = torch.tensor(float("-inf"))
 
+        P = past_kv.shape[3]
         pidx = torch.arange(S, dtype=torch.int64)
-        prefix_bias = torch.zeros(S, S).masked_fill(pidx.unsqueeze(0) > pidx.unsqueeze(1), neg)
+        prefix_bias = torch.cat((torch.zeros(S, P), torch.zeros(S, S).masked_fill(pidx.unsqueeze(0) > pidx.unsqueeze(1), neg)), 1)
+        present = []
 
         flat = branch_slots.reshape(-1)                                   # [B*L]
         slot_ids = torch.arange(B * L, dtype=torch.int64)
@@ -139,7 +148,7 @@ class PackedDecoder(nn.Module):
         scale = 1.0 / math.sqrt(D)
         rep = H // KV
 
-        for m in self.layers:
+        for li, m in enumerate(self.layers):
             h = self.rms(x, m.ln1)
             q = h @ m.q_t
             k = h @ m.k_t
@@ -153,9 +162,14 @@ class PackedDecoder(nn.Module):
             v = v.view(T, KV, D).transpose(0, 1)
             q = (q * cos + self.rotate(q) * sin) * scale
             k = k * cos + self.rotate(k) * sin
+            kp = torch.cat((past_kv[0, li], k[:, :S]), 1)                   # [KV, P+S, D]
+            vp = torch.cat((past_kv[1, li], v[:, :S]), 1)
+            present.append(torch.stack((kp, vp)))
+            PS = kp.shape[1]
+            kp = kp.unsqueeze(1).expand(KV, rep, PS, D).reshape(H, PS, D)
+            vp = vp.unsqueeze(1).expand(KV, rep, PS, D).reshape(H, PS, D)
             k = k.unsqueeze(1).expand(KV, rep, T, D).reshape(H, T, D)
             v = v.unsqueeze(1).expand(KV, rep, T, D).reshape(H, T, D)
-            kp, vp = k[:, :S], v[:, :S]
 
             # prefix rows: causal over the prefix
             att = torch.softmax(q[:, :S] @ kp.transpose(1, 2) + prefix_bias, dim=-1)
@@ -165,10 +179,10 @@ class PackedDecoder(nn.Module):
             qs = q.index_select(1, flat)                                   # [H, B*L, D]
             ks = k.index_select(1, flat).view(H, B, L, D)
             vs = v.index_select(1, flat).view(H, B, L, D)
-            s1 = qs @ kp.transpose(1, 2)                                   # [H, B*L, S]
+            s1 = qs @ kp.transpose(1, 2)                                   # [H, B*L, P+S]
             s2 = (qs.view(H, B, L, D) @ ks.transpose(2, 3) + branch_bias).view(H, B * L, L)
             p = torch.softmax(torch.cat((s1, s2), dim=-1), dim=-1)
-            out_s = p[:, :, :S] @ vp + (p[:, :, S:].reshape(H, B, L, L) @ vs).view(H, B * L, D)
+            out_s = p[:, :, :PS] @ vp + (p[:, :, PS:].reshape(H, B, L, L) @ vs).view(H, B * L, D)
             out_r = out_s.index_select(1, slot_of)                         # [H, R, D]
 
             o = torch.cat((out_p, out_r), dim=1).transpose(0, 1).reshape(T, H * D)
@@ -182,7 +196,7 @@ class PackedDecoder(nn.Module):
         h = self.rms(x.index_select(0, gather_idx), self.final_norm)
         logits = h @ self.lm_head_t
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        return torch.gather(logits, 1, target_ids) - lse
+        return torch.gather(logits, 1, target_ids) - lse, torch.stack(present, 1)
 
 
 def branch_layout(S: int, blocks: list[tuple[int, int]]):
@@ -198,8 +212,12 @@ def branch_layout(S: int, blocks: list[tuple[int, int]]):
     return slots, slot_of
 
 
-def example_inputs(T: int, prefix: int, n_branch: int, vocab: int):
-    """A state of `prefix` tokens and `n_branch` equal branches after it."""
+def no_past(model: "PackedDecoder", P: int = 0) -> torch.Tensor:
+    return torch.zeros(2, model.n_layers, model.n_kv, P, model.head_dim)
+
+
+def example_inputs(T: int, prefix: int, n_branch: int, vocab: int, past: torch.Tensor):
+    """A state of `prefix` tokens and `n_branch` equal branches after it, continuing `past`."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (T,), generator=g)
     blen = (T - prefix) // n_branch
@@ -215,20 +233,22 @@ def example_inputs(T: int, prefix: int, n_branch: int, vocab: int):
         gather.append(e)
         blocks.append((s, e + 1 - s))
     slots, slot_of = branch_layout(prefix, blocks)
-    return ids, pos, end, torch.tensor(gather), torch.randint(0, vocab, (n_branch, 3), generator=g), slots, slot_of
+    pos = pos + past.shape[3]
+    return ids, pos, end, torch.tensor(gather), torch.randint(0, vocab, (n_branch, 3), generator=g), slots, slot_of, past
 
 
-def packed_example(prefix: list[int], branches: list[list[int]], vocab: int):
-    """The packed layout the engine sends: a prefix, then one chain per branch."""
+def packed_example(prefix: list[int], branches: list[list[int]], vocab: int, past: np.ndarray):
+    """The packed layout the engine sends: a prefix continuing `past`, then one chain per branch."""
+    P = past.shape[3]
     ids = list(prefix)
-    pos = list(range(len(prefix)))
+    pos = list(range(P, P + len(prefix)))
     end = [-1] * len(prefix)
     gather = []
     blocks = []
     for b in branches:
         start = len(ids)
         ids += b
-        pos += range(len(prefix), len(prefix) + len(b))
+        pos += range(P + len(prefix), P + len(prefix) + len(b))
         end += [start + len(b) - 1] * len(b)
         gather.append(start + len(b) - 1)
         blocks.append((start, len(b)))
@@ -239,14 +259,15 @@ def packed_example(prefix: list[int], branches: list[list[int]], vocab: int):
     tgt[:, 0] = 16  # one common token ("1") among the random ones
     as_t = lambda a: torch.tensor(a, dtype=torch.int64)
     slots, slot_of = branch_layout(len(prefix), blocks)
-    return as_t(ids), as_t(pos), as_t(end), as_t(gather), tgt, slots, slot_of
+    return as_t(ids), as_t(pos), as_t(end), as_t(gather), tgt, slots, slot_of, torch.from_numpy(past)
 
 
-def sess_run(path: Path, names: list[str], ex) -> np.ndarray:
+def sess_run(path: Path, names: list[str], ex, outputs=("logprobs",)):
     import onnxruntime as ort
 
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return s.run(None, {n: t.numpy() for n, t in zip(names, ex)})[0]
+    got = s.run(list(outputs), {n: t.numpy() for n, t in zip(names, ex)})
+    return got[0] if len(outputs) == 1 else got
 
 
 def main() -> int:
@@ -297,9 +318,9 @@ def main() -> int:
     # The packed graph must agree with the reference implementation: a branch
     # scored inside a packed sequence must equal the same tokens run alone.
     with torch.no_grad():
-        ex = example_inputs(49, 24, 3, vocab)
+        ex = example_inputs(49, 24, 3, vocab, no_past(model))
         ids, tgt = ex[0], ex[4]
-        packed = model(*ex)
+        packed, present = model(*ex)
         diff = 0.0
         for b, (start, stop) in enumerate([(24, 32), (32, 40), (40, 49)]):
             alone_ids = torch.cat([ids[:24], ids[start:stop]])
@@ -311,6 +332,17 @@ def main() -> int:
         if diff > 1e-2:
             log("packed decoder disagrees with the reference model")
             return 3
+        # The same request with its first 16 prefix tokens taken from an
+        # earlier pass's present_kv must read the same.
+        P = 16
+        head = packed_example(ids[:P].tolist(), [[int(ids[P])]], vocab, no_past(model).numpy())
+        _, head_kv = model(*head)
+        cont, cont_kv = model(ids[P:], ex[1][P:], ex[2][P:] - P, ex[3] - P, ex[4], ex[5] - P, ex[6], head_kv)
+        kdiff = max((cont - packed).abs().max().item(), (cont_kv - present).abs().max().item())
+        log(f"prefix from present_kv vs one pass: max |d| = {kdiff:.2e}")
+        if kdiff > 1e-4:
+            log("a pass continuing past_kv disagrees with the single pass")
+            return 3
     del hf
 
     # torch writes one external file per tensor: keep them in their own folder.
@@ -321,10 +353,11 @@ def main() -> int:
     with torch.no_grad():
         torch.onnx.export(
             model,
-            example_inputs(49, 24, 3, vocab),
+            # A non-empty past while tracing, so that no shape is specialised to 0.
+            example_inputs(49, 24, 3, vocab, no_past(model, 5)),
             str(fp32_path),
             input_names=INPUTS,
-            output_names=["logprobs"],
+            output_names=OUTPUTS,
             dynamic_axes={
                 "input_ids": {0: "T"},
                 "position_ids": {0: "T"},
@@ -333,7 +366,9 @@ def main() -> int:
                 "target_ids": {0: "N", 1: "K"},
                 "branch_slots": {0: "B", 1: "L"},
                 "slot_of": {0: "R"},
+                "past_kv": {3: "P"},
                 "logprobs": {0: "N", 1: "K"},
+                "present_kv": {3: "PS"},
             },
             opset_version=17,
             dynamo=False,
@@ -384,12 +419,27 @@ def main() -> int:
             "from 1887 to 1889.")
     branches = [" Question: Is the tower in Paris? Answer:", " Question: Who designed it? Answer:",
                 " Question: When was it built? Answer:"]
-    ex = packed_example(tok(text, add_special_tokens=False)["input_ids"],
-                        [tok(b, add_special_tokens=False)["input_ids"] for b in branches], vocab)
+    kv_shape = (2, int(cfg["num_hidden_layers"]), int(cfg["num_key_value_heads"]), 0,
+                int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]))
+    empty = np.zeros(kv_shape, dtype=np.float32)
+    state = tok(text, add_special_tokens=False)["input_ids"]
+    questions = [tok(b, add_special_tokens=False)["input_ids"] for b in branches]
+    ex = packed_example(state, questions, vocab, empty)
     ref = sess_run(fp32_path, INPUTS, ex)
     got = sess_run(qpath, INPUTS, ex)
     qdiff = float(np.abs(got - ref).max())
     log(f"{args.weights} vs float32: max |dlogprob| = {qdiff:.3f} over {ref.size} read-outs")
+    # The served graph in two passes, as the prefix cache runs it: the state's
+    # keys and values from a first pass, then its last two tokens and the
+    # questions against them (src/engine/index.ts, COMPUTED_PREFIX_TOKENS).
+    _, head_kv = sess_run(qpath, INPUTS, packed_example(state[:-2], [state[-2:-1]], vocab, empty),
+                          ("logprobs", "present_kv"))
+    two = sess_run(qpath, INPUTS, packed_example(state[-2:], questions, vocab, head_kv))
+    sdiff = float(np.abs(two - got).max())
+    log(f"{args.weights}, prefix continued from present_kv vs one pass: max |dlogprob| = {sdiff:.2e}")
+    if sdiff > 1e-4:
+        log("the quantized graph continuing past_kv disagrees with its single pass")
+        return 3
     quant = {**qinfo, "embedding": "fp16", "max_abs_logprob_error_vs_fp32": round(qdiff, 4)}
     if not args.keep_fp32:
         shutil.rmtree(fp32_dir)
@@ -402,13 +452,15 @@ def main() -> int:
     special = {k: v for k, v in {
         "eos": tok.eos_token, "bos": tok.bos_token, "pad": tok.pad_token}.items() if v is not None}
     manifest = {
-        "format": "assay-packed-v2",
+        "format": "assay-packed-v3",
         "architecture": arch,
         "name": str(meta.get("general.name") or args.gguf.stem),
         "vocab_size": vocab,
         "context_length": int(cfg.get("max_position_embeddings", 4096)),
         "hidden_size": int(cfg["hidden_size"]),
         "num_layers": int(cfg["num_hidden_layers"]),
+        # present_kv / past_kv: [2, layers, kv_heads, tokens, head_dim] float32.
+        "kv": {"layers": kv_shape[1], "kv_heads": kv_shape[2], "head_dim": kv_shape[4]},
         "parameters": n_params,
         "quantization": quant,
         "chat_template": tok.chat_template if isinstance(tok.chat_template, str) else None,

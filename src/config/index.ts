@@ -61,6 +61,8 @@ const Env = z.object({
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
   ASSAY_DEBIAS_MAX_SHIFTS: z.coerce.number().int().min(1).max(255).default(8).meta({ doc: "a choice question with up to this many options is asked in all its cyclic shifts, one with more in the canonical order only; every presentation is kept at any request size" }),
   /** A choice question with more options than are numbered is read again over its this-many likeliest options (0: off). */
+  ASSAY_PREFIX_CACHE_MB: z.coerce.number().min(0).default(1024).meta({ doc: "memory for the keys and values of recent prefixes (system text + state), per process, shared by all builds: a request whose state was read before skips its prefill (the `x-prefix-cache-tokens` header says how many tokens); `0` turns the cache off. 1,024 MB holds about 18,000 tokens of the 1.5B build (57 KB each) or 42,000 of the 0.5B (24 KB)" }),
+  ASSAY_PREFIX_CACHE_SCOPE: z.enum(["organization", "shared"]).default("organization").meta({ doc: "`organization`: an entry serves only the organization whose request made it (a hit is faster, and timing must not tell one organization what another sent); `shared`: any request with the same prefix, for a single-tenant deployment" }),
   ASSAY_SHORTLIST: z.coerce.number().int().min(0).max(8).default(8).meta({ doc: "a choice question with more options than that (and than 8) is read again over its this-many likeliest options, numbered, in all their shifts (one more pass); `0` turns it off. A build's fit may lower it (`shortlist` in `models/calibration/<build>.json`): the 0.5B ships `0`, where it did not help" }),
   /**
    * When builds marked `"availability": "scheduled"` in models.json (the large
@@ -169,6 +171,8 @@ export type Config = Readonly<{
   expressMaxMs: number;
   queueMax: number;
   maxPackedTokens: number;
+  /** Prefix cache budget in bytes (ASSAY_PREFIX_CACHE_MB) and who may hit an entry. */
+  prefixCache: { bytes: number; scope: "organization" | "shared" };
   debias: "off" | "cyclic";
   debiasMaxShifts: number;
   shortlist: number;
@@ -227,6 +231,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? 0 : 1_500),
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
+    prefixCache: { bytes: Math.round(e.ASSAY_PREFIX_CACHE_MB * 1024 * 1024), scope: e.ASSAY_PREFIX_CACHE_SCOPE },
     debias: e.ASSAY_DEBIAS,
     debiasMaxShifts: e.ASSAY_DEBIAS_MAX_SHIFTS,
     shortlist: e.ASSAY_SHORTLIST,

@@ -1,11 +1,12 @@
 import { AssayError } from "../errors/catalogue.js";
 import { generalPasses, shapeOf } from "../inference/cost.js";
-import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
+import { continuePacked, pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
 import type { LoadedBuild } from "./build.js";
 import { PriorCache } from "./prior.js";
+import { MIN_CACHED_TOKENS, PrefixCache } from "./prefix-cache.js";
 
 export type { EncodedQuestion, PackedRequest, PlannedPass };
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
@@ -13,6 +14,7 @@ export { pack };
 export { likelyEscalated } from "../inference/work.js";
 export { labelIds, loadBuild, type LoadedBuild } from "./build.js";
 export { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
+export { PrefixCache } from "./prefix-cache.js";
 
 /**
  * The one seam between the families and the worker pool. A family turns a
@@ -25,9 +27,11 @@ export { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
 /** What a scoring call carries of its request; both optional, so offline tools pass nothing. */
 export interface ScoreContext {
   /** Where queue and inference time are added (the request's Timings). */
-  timings?: { add(phase: "queue" | "inference", ms: number): void };
+  timings?: { add(phase: "queue" | "inference", ms: number): void; cached?(tokens: number): void };
   /** The request's signal: a pass is not started after it aborts, and the pool drops or cuts loose the one in flight. */
   signal?: AbortSignal | undefined;
+  /** The organization charged: the prefix cache's partition (prefix-cache.ts). */
+  orgId?: string;
 }
 
 /** Per branch, per label: the log-probability of each of its tokens. */
@@ -37,7 +41,11 @@ export class Engine {
   /** Content-free readings of questions, per build (prior.ts). */
   private readonly priors = new PriorCache();
 
-  constructor(readonly pool: InferencePool) {}
+  constructor(
+    readonly pool: InferencePool,
+    /** Keys and values of recent prefixes (prefix-cache.ts); off when its budget is 0. */
+    readonly prefixes: PrefixCache = new PrefixCache(0, "organization"),
+  ) {}
 
   /** Runs a packed pass: each branch's label log-probabilities (summed over the label's tokens), in branch order. */
   async run(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext = {}): Promise<number[][]> {
@@ -143,14 +151,51 @@ export class Engine {
     return this.pool.admit(passes, workRequest(req));
   }
 
+  /**
+   * One pass. On a build whose graph takes past keys and values, the
+   * prefix less its last COMPUTED_PREFIX_TOKENS tokens is looked up in the
+   * prefix cache: a hit runs only the rest of the pass against the cached
+   * keys and values; a miss runs the whole pass and keeps those keys and
+   * values. Both read the same log-probabilities
+   * (test/engine/prefix-cache.test.ts).
+   */
   private async infer(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<{ logprobs: Float32Array; runMs: number }> {
     const q0 = performance.now();
-    const out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
+    const kv = lb.build.manifest.kv;
+    const held = packed.prefixLength - COMPUTED_PREFIX_TOKENS;
+    let out;
+    const layout = kv && { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
+    if (!layout) {
+      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
+    } else if (!this.prefixes.enabled || held < MIN_CACHED_TOKENS) {
+      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: 0 });
+    } else {
+      const build = lb.build.manifest.build_hash;
+      const prefix = packed.inputIds.subarray(0, held);
+      const past = this.prefixes.get(build, ctx.orgId, prefix);
+      if (past) {
+        out = await this.pool.infer(lb.build.onnxPath, continuePacked(packed, held), ctx.signal, { layout, past, keep: 0 });
+        ctx.timings?.cached?.(held);
+      } else {
+        out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: held });
+        if (out.present) this.prefixes.set(build, ctx.orgId, prefix, out.present);
+      }
+    }
     ctx.timings?.add("inference", out.runMs);
     ctx.timings?.add("queue", Math.max(0, performance.now() - q0 - out.runMs));
     return out;
   }
 }
+
+/**
+ * Prefix tokens a pass always computes itself, even on a cache hit. Two, not
+ * one: with a single prefix row the attention products run as
+ * matrix × vector, whose sums round differently from the matrix × matrix
+ * products of a whole pass, and the int8 rewrite's per-row activation scales
+ * amplify that (a hit read 0.27 off in log-probability on the 0.5B with one
+ * row, exactly equal with two; bench/RESULTS.md, session 10).
+ */
+export const COMPUTED_PREFIX_TOKENS = 2;
 
 /** Tokens one branch adds to a pass: its suffix and its label trie (at most every label token plus an end). */
 export function branchCost(b: EncodedQuestion): number {

@@ -217,3 +217,24 @@ export function readLabels(p: PackedRequest, logprobs: Float32Array): number[][]
     }),
   );
 }
+
+/**
+ * The pass that continues the first `n` prefix tokens from their keys and
+ * values (computed by an earlier pass): the same request without those
+ * tokens. Positions stay absolute; sequence indices move down by `n`; the
+ * branch layout and the readout are unchanged.
+ */
+export function continuePacked(p: PackedRequest, n: number): PackedRequest {
+  if (n <= 0 || n >= p.prefixLength) throw new Error(`cannot continue ${n} of ${p.prefixLength} prefix tokens`);
+  const shift = BigInt(n);
+  const down = (a: BigInt64Array) => a.map((x) => x - shift);
+  return {
+    ...p,
+    inputIds: p.inputIds.slice(n),
+    positionIds: p.positionIds.slice(n),
+    subtreeEnd: down(p.subtreeEnd.subarray(n)),
+    gatherIdx: down(p.gatherIdx),
+    branchSlots: down(p.branchSlots),
+    prefixLength: p.prefixLength - n,
+  };
+}

@@ -12,7 +12,7 @@ import { metrics } from "../observability/metrics.js";
 import { CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
-import type { InferOk, InferTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
+import type { InferOk, InferTask, KvTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
 import { admissionSafety, fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type RequestDeadline, type WorkRequest } from "./work.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
@@ -670,7 +670,7 @@ export class InferencePool {
     return LOAD_SETUP_MS + fileSize(model) / LOAD_BYTES_PER_MS;
   }
 
-  async infer(model: string, p: PackedTensors, signal?: AbortSignal): Promise<InferOk> {
+  async infer(model: string, p: PackedTensors, signal?: AbortSignal, kv?: KvTask): Promise<InferOk> {
     const task: InferTask = {
       kind: "infer",
       model,
@@ -685,6 +685,7 @@ export class InferencePool {
       slotOf: p.slotOf,
       branches: p.branches,
       branchWidth: p.branchWidth,
+      ...(kv ? { kv } : {}),
     };
     if (this.nextFault) {
       task.testFault = this.nextFault;

@@ -27,9 +27,34 @@ export interface LaneOptions {
  */
 export type TestFault = { kind: "throw" } | { kind: "exit" } | { kind: "stall"; flag: Int32Array };
 
+/** A build's key/value layout (manifest `kv`): `past_kv` / `present_kv` are [2, layers, kvHeads, tokens, headDim] float32. */
+export interface KvLayout {
+  layers: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+/** Keys and values of a prefix's first `tokens` tokens, on shared memory: a worker reads them without a copy. */
+export interface PrefixKv {
+  data: Float32Array;
+  tokens: number;
+}
+
+/**
+ * For a build whose graph takes `past_kv` (format v3): the pass continues
+ * `past` (none: an empty one), and the worker returns the keys and values of
+ * the first `keep` prefix tokens (0: none) for the prefix cache.
+ */
+export interface KvTask {
+  layout: KvLayout;
+  past?: PrefixKv;
+  keep: number;
+}
+
 export interface InferTask extends PackedTensors {
   kind: "infer";
   model: string;
+  kv?: KvTask;
   testFault?: TestFault;
 }
 
@@ -46,6 +71,8 @@ export interface InferOk {
   /** Milliseconds inside session.run. */
   runMs: number;
   provider: string;
+  /** The first `kv.keep` prefix tokens' keys and values, when asked for. */
+  present?: PrefixKv;
 }
 
 export interface LoadOk {

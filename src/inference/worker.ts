@@ -1,6 +1,6 @@
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
-import type { InferTask, LaneOptions, Task, TaskResult } from "./protocol.js";
+import type { InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
 
 /**
  * Piscina worker: owns one onnxruntime session per model file. session.run
@@ -74,13 +74,41 @@ async function infer(t: InferTask): Promise<TaskResult> {
     branch_slots: new ort.Tensor("int64", t.branchSlots, [t.branches, t.branchWidth]),
     slot_of: new ort.Tensor("int64", t.slotOf, [t.slotOf.length]),
   };
+  const kv = t.kv;
+  if (kv) {
+    const { layers, kvHeads, headDim } = kv.layout;
+    const past = kv.past ?? { data: new Float32Array(0), tokens: 0 };
+    // onnxruntime-node refuses a tensor on shared memory ("Invalid argument"):
+    // copied here, on the worker's thread, not on the event loop.
+    const data = past.data.buffer instanceof SharedArrayBuffer ? new Float32Array(past.data) : past.data;
+    feeds.past_kv = new ort.Tensor("float32", data, [2, layers, kvHeads, past.tokens, headDim]);
+  }
+  const fetches = kv && kv.keep > 0 ? ["logprobs", "present_kv"] : ["logprobs"];
   const start = performance.now();
-  const out = await s.run(feeds);
+  const out = await s.run(feeds, fetches);
   const runMs = performance.now() - start;
   const lp = out.logprobs;
   if (!lp) throw new Error("model returned no logprobs output");
   // Copy: the tensor's buffer belongs to onnxruntime.
-  return { ok: true, logprobs: Float32Array.from(lp.data as Float32Array), runMs, provider };
+  const result = { ok: true as const, logprobs: Float32Array.from(lp.data as Float32Array), runMs, provider };
+  const present = out.present_kv;
+  return kv && present ? { ...result, present: keepPrefix(present, kv) } : result;
+}
+
+/**
+ * The first `keep` tokens of present_kv [2, layers, kvHeads, tokens, headDim],
+ * copied once into shared memory: the main thread caches it and later tasks
+ * hand it to any worker without another copy.
+ */
+function keepPrefix(present: ort.Tensor, kv: KvTask): PrefixKv {
+  const src = present.data as Float32Array;
+  const tokens = Number(present.dims[3]);
+  const keep = Math.min(kv.keep, tokens);
+  const { headDim } = kv.layout;
+  const blocks = src.length / (tokens * headDim);
+  const data = new Float32Array(new SharedArrayBuffer(blocks * keep * headDim * 4));
+  for (let b = 0; b < blocks; b++) data.set(src.subarray(b * tokens * headDim, (b * tokens + keep) * headDim), b * keep * headDim);
+  return { data, tokens: keep };
 }
 
 export default async function run(task: Task): Promise<TaskResult> {

@@ -40,13 +40,16 @@ export const CalibrationFit = z.looseObject({
 export type CalibrationFit = z.infer<typeof CalibrationFit>;
 
 export const Manifest = z.object({
-  format: z.literal("assay-packed-v2"),
+  /** v3 graphs also take `past_kv` and return `present_kv` (the prefix cache); v2 builds run without it. */
+  format: z.enum(["assay-packed-v2", "assay-packed-v3"]),
   architecture: z.string(),
   name: z.string(),
   vocab_size: z.number().int().positive(),
   context_length: z.number().int().positive(),
   hidden_size: z.number().int().positive(),
   num_layers: z.number().int().positive(),
+  /** Key/value layout of `past_kv` / `present_kv` (v3). */
+  kv: z.object({ layers: z.number().int().positive(), kv_heads: z.number().int().positive(), head_dim: z.number().int().positive() }).optional(),
   parameters: z.number().int().positive(),
   quantization: z.record(z.string(), z.unknown()),
   chat_template: z.string().nullable(),

@@ -84,6 +84,31 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly prefixCacheLookups = new Counter({
+    name: "assay_prefix_cache_lookups_total",
+    help: "Passes that looked up their prefix's keys and values (src/engine/prefix-cache.ts): result hit or miss.",
+    labelNames: ["result"] as const,
+    registers: [this.registry],
+  });
+
+  readonly prefixCacheEvictions = new Counter({
+    name: "assay_prefix_cache_evictions_total",
+    help: "Prefix cache entries dropped to stay within ASSAY_PREFIX_CACHE_MB.",
+    registers: [this.registry],
+  });
+
+  readonly prefixCacheBytes = new Gauge({
+    name: "assay_prefix_cache_bytes",
+    help: "Bytes of keys and values held by the prefix cache.",
+    registers: [this.registry],
+  });
+
+  readonly prefixCacheTokensSaved = new Counter({
+    name: "assay_prefix_cache_tokens_saved_total",
+    help: "Prefix tokens whose keys and values came from the cache instead of a prefill.",
+    registers: [this.registry],
+  });
+
   readonly buildMsPerToken = new Gauge({
     name: "assay_build_ms_per_token",
     help: "The cost estimate in use per model build: milliseconds per packed token (live, fitted on the passes run).",

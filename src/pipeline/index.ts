@@ -1,6 +1,6 @@
 import type { Config } from "../config/index.js";
 import { invalid } from "../errors/catalogue.js";
-import { Engine, loadBuild, type LoadedBuild } from "../engine/index.js";
+import { Engine, PrefixCache, loadBuild, type LoadedBuild } from "../engine/index.js";
 import { InferencePool } from "../inference/pool.js";
 import { ModelLifecycle } from "../models/lifecycle.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
@@ -31,7 +31,7 @@ export class EnginePipeline implements Pipeline {
     readonly pool: InferencePool,
     readonly lifecycle: ModelLifecycle,
   ) {
-    this.engine = new Engine(pool);
+    this.engine = new Engine(pool, new PrefixCache(config.prefixCache.bytes, config.prefixCache.scope));
     this.families = {
       engine: this.engine,
       build: (name) => {

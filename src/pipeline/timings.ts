@@ -24,6 +24,13 @@ export class Timings {
    */
   readonly notes: Record<string, number> = {};
 
+  /** Prefix tokens whose keys and values came from the prefix cache, over all of the request's passes. */
+  cachedPrefixTokens = 0;
+
+  cached(tokens: number): void {
+    this.cachedPrefixTokens += tokens;
+  }
+
   note(name: "deadline" | "estimated", ms: number): void {
     this.notes[name] = ms;
   }
@@ -62,6 +69,7 @@ export class Timings {
     }
     if (st.length > 0) h["server-timing"] = st.join(", ");
     for (const [k, v] of Object.entries(this.notes)) h[`x-${k}-time`] = v.toFixed(1);
+    h["x-prefix-cache-tokens"] = String(this.cachedPrefixTokens);
     return h;
   }
 }

@@ -1,0 +1,131 @@
+/**
+ * The prefix cache on the real exported models (never a stub): a pass that
+ * continues cached keys and values reads the same log-probabilities as the
+ * whole pass (to 1e-4), within one request of several passes and across
+ * requests; entries are found only by the organization that made them unless
+ * the cache is shared; the response says how many prefix tokens it saved.
+ *
+ * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { COMPUTED_PREFIX_TOKENS, Engine, PrefixCache, type ScoreContext } from "../../src/engine/index.js";
+import { prepare } from "../../src/families/general.js";
+import type { EnginePipeline } from "../../src/pipeline/index.js";
+import { Timings } from "../../src/pipeline/timings.js";
+import type { NoulAnswer, Question } from "../../src/validate/schema.js";
+import { startEngine } from "./engine.js";
+
+const TOL = 1e-4;
+
+const STATE =
+  "Order 4411 was placed on 3 March for two pairs of running shoes (size 42, blue) and one rain jacket. " +
+  "The shoes shipped on 5 March from the Leeds warehouse and arrived on 7 March. The jacket was out of stock; " +
+  "the customer was told it would ship within ten days, but on 20 March it had still not shipped. " +
+  "The customer wrote on 21 March: the shoes fit well and she likes them, but she wants the jacket cancelled and " +
+  "the money for it returned to her card, not as store credit. She also asked whether the delivery fee would be " +
+  "refunded, since she paid for one delivery and received only part of the order.";
+
+const QUESTIONS: Record<string, Question> = {
+  refund: { type: "noul", instructions: "Is the customer asking for her money back?" },
+  shoes: { type: "noul", instructions: "The customer is unhappy with the shoes." },
+  topic: { type: "choice", instructions: "What is the message mainly about?", criteria: { delivery: null, sizing: null, cancellation: null, payment: null } },
+  mood: { type: "score", instructions: "How satisfied is the customer?", criteria: ["very unhappy", "unhappy", "neutral", "happy", "very happy"] },
+};
+
+const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((row, i) => row.map((x, j) => Math.abs(x - b[i]![j]!))));
+
+let pipeline: EnginePipeline;
+/** The same pool without a cache: the reference reading of every pass. */
+let plain: Engine;
+
+beforeAll(async () => {
+  pipeline = await startEngine({ ASSAY_PREFIX_CACHE_MB: "256", ASSAY_PREFIX_CACHE_SCOPE: "organization" });
+  plain = new Engine(pipeline.pool);
+}, 300_000);
+
+afterAll(async () => {
+  await pipeline?.close();
+});
+
+function ctx(orgId: string): ScoreContext & { timings: Timings } {
+  return { orgId, timings: new Timings() };
+}
+
+describe("prefix cache", () => {
+  for (const model of ["vendor/judge-9B", "judge-latest"]) {
+    it(`${model}: a pass continuing the cached prefix reads what the whole pass reads`, async () => {
+      const lb = pipeline.build(model);
+      expect(lb.build.manifest.kv).toBeDefined();
+      const { packed } = prepare(lb, STATE, QUESTIONS);
+      const ref = await plain.run(lb, packed);
+      const miss = ctx(`org-${model}`);
+      const first = await pipeline.engine.run(lb, packed, miss);
+      expect(miss.timings.cachedPrefixTokens).toBe(0);
+      const hit = ctx(`org-${model}`);
+      const second = await pipeline.engine.run(lb, packed, hit);
+      expect(hit.timings.cachedPrefixTokens).toBe(packed.prefixLength - COMPUTED_PREFIX_TOKENS);
+      expect(maxDiff(first, ref)).toBeLessThanOrEqual(TOL);
+      expect(maxDiff(second, ref)).toBeLessThanOrEqual(TOL);
+    }, 120_000);
+  }
+
+  it("another question on a cached state: read from the cache, as it reads alone", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    await pipeline.engine.run(lb, prepare(lb, STATE, QUESTIONS).packed, ctx("org-new-question"));
+    const { packed } = prepare(lb, STATE, { late: { type: "noul", instructions: "The jacket has shipped." } });
+    const c = ctx("org-new-question");
+    const got = await pipeline.engine.run(lb, packed, c);
+    expect(c.timings.cachedPrefixTokens).toBe(packed.prefixLength - COMPUTED_PREFIX_TOKENS);
+    expect(maxDiff(got, await plain.run(lb, packed))).toBeLessThanOrEqual(TOL);
+  }, 120_000);
+
+  it("is partitioned by organization: another organization's same state is computed again", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const { packed } = prepare(lb, STATE, QUESTIONS);
+    await pipeline.engine.run(lb, packed, ctx("org-a"));
+    const b = ctx("org-b");
+    await pipeline.engine.run(lb, packed, b);
+    expect(b.timings.cachedPrefixTokens).toBe(0);
+    const a = ctx("org-a");
+    await pipeline.engine.run(lb, packed, a);
+    expect(a.timings.cachedPrefixTokens).toBe(packed.prefixLength - COMPUTED_PREFIX_TOKENS);
+  }, 120_000);
+
+  it("shared: any organization hits", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const shared = new Engine(pipeline.pool, new PrefixCache(64 << 20, "shared"));
+    const { packed } = prepare(lb, STATE, QUESTIONS);
+    await shared.run(lb, packed, ctx("org-a"));
+    const b = ctx("org-b");
+    await shared.run(lb, packed, b);
+    expect(b.timings.cachedPrefixTokens).toBe(packed.prefixLength - COMPUTED_PREFIX_TOKENS);
+  }, 120_000);
+
+  it("a request read in several passes computes its state once and reads as in one pass", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const prepared = prepare(lb, STATE, QUESTIONS);
+    const { prefix, encoded } = prepared;
+    // A limit that fits the prefix and one or two branches: several passes over the same state.
+    const limit = prefix.length + 2 * Math.max(...encoded.map((b) => b.suffix.length + b.labels.flat().length + 1));
+    const c = ctx("org-passes");
+    const many = await pipeline.engine.scoreMany(lb, prefix, encoded, limit, c);
+    expect(many.passes).toBeGreaterThan(2);
+    expect(c.timings.cachedPrefixTokens).toBe((many.passes - 1) * (prefix.length - COMPUTED_PREFIX_TOKENS));
+    const one = await plain.run(lb, prepared.packed);
+    expect(maxDiff(many.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+  }, 120_000);
+
+  it("through the pipeline: the second request's answers equal the first's, and it says what it saved", async () => {
+    const env = { model: "vendor/judge-9B", state: STATE, questions: QUESTIONS };
+    const t1 = new Timings();
+    const r1 = await pipeline.run(env, { requestId: "a", orgId: "org-pipeline", timings: t1 });
+    const t2 = new Timings();
+    const r2 = await pipeline.run(env, { requestId: "b", orgId: "org-pipeline", timings: t2 });
+    expect(t1.headers()["x-prefix-cache-tokens"]).toBe("0");
+    expect(Number(t2.headers()["x-prefix-cache-tokens"])).toBeGreaterThan(100);
+    // Billing is unchanged by the cache.
+    expect(r2.usage).toEqual(r1.usage);
+    expect(Math.abs((r2.answers.refund as NoulAnswer).noul - (r1.answers.refund as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
+    expect(Math.abs((r2.answers.shoes as NoulAnswer).noul - (r1.answers.shoes as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
+  }, 120_000);
+});
