@@ -16,6 +16,7 @@ import path from "node:path";
 import { InvalidArgumentError } from "commander";
 import { ROOT } from "../src/config/index.js";
 import { batchScenario } from "./batch.js";
+import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { familiesScenario } from "./families.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
 import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
@@ -141,6 +142,7 @@ program
   .option("--llama-threads <n>", "llama.cpp threads", int("--llama-threads"), 2)
   .option("--workers <n>", "assay inference lanes (ASSAY_WORKERS)", int("--workers"))
   .option("--threads <n>", "onnxruntime threads per lane (ASSAY_INTRA_OP_THREADS)", int("--threads"))
+  .option("--prefix-cache-mb <n>", "ASSAY_PREFIX_CACHE_MB for the run: 0 (the default) computes every request's state, as a request whose state is new", int("--prefix-cache-mb", 0), 0)
   .action(
     async (o: {
       cells: string;
@@ -158,6 +160,7 @@ program
       llamaThreads: number;
       workers?: number;
       threads?: number;
+      prefixCacheMb: number;
     }) => {
       if (!["burst", "sustained", "both"].includes(o.mode)) throw new InvalidArgumentError(`--mode must be burst, sustained or both`);
       const baselines = o.baselines === "none" ? [] : list("--baselines", ["naive", "llama"] as const)(o.baselines);
@@ -181,6 +184,7 @@ program
           llamaThreads: o.llamaThreads,
           ...(o.workers ? { workers: o.workers } : {}),
           ...(o.threads ? { threads: o.threads } : {}),
+          prefixCacheMb: o.prefixCacheMb,
         },
         command(),
       );
@@ -206,6 +210,20 @@ program
   .option("--naive-sample <n>", "items per request timed alone for the naive baseline", int("--naive-sample"), 4)
   .action(async (o: { codeRows: number; factRows: number; naiveSample: number }) => {
     await familiesScenario(o, command());
+  });
+
+program
+  .command("prefix")
+  .description("the prefix cache: a second request on a state read before, what a miss costs, a request over the pass limit")
+  .option("--model <name>", "model name", "judge-latest")
+  .option("--state-tokens <n>", "state length for the second-request figure", int("--state-tokens"), 2000)
+  .option("--rounds <n>", "second-request rounds (each on a new state)", int("--rounds"), 3)
+  .option("--cold-requests <n>", "primary-cell rounds, cache missing vs no cache", int("--cold-requests"), 10)
+  .option("--big-questions <n>", "questions of the large request", int("--big-questions"), 64)
+  .option("--big-options <n>", "options per question of the large request", int("--big-options"), 8)
+  .option("--cache-mb <n>", "ASSAY_PREFIX_CACHE_MB for the run", int("--cache-mb"), 1024)
+  .action(async (o: PrefixOptions) => {
+    await prefixScenario(o);
   });
 
 await program.parseAsync(process.argv);

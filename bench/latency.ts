@@ -97,6 +97,8 @@ export interface LatencyOptions {
   llamaThreads: number;
   workers?: number;
   threads?: number;
+  /** ASSAY_PREFIX_CACHE_MB for the run; default 0 (every request computes its state). */
+  prefixCacheMb?: number;
 }
 
 interface Stats {
@@ -247,7 +249,7 @@ function requester(h: Harness, layer: Layer, w: Work): () => Promise<unknown> {
   }
 }
 
-async function startHttp(engine: EnginePipeline): Promise<NonNullable<Harness["http"]>> {
+export async function startHttp(engine: EnginePipeline): Promise<NonNullable<Harness["http"]>> {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-bench-"));
   // A temporary store: one org with one key. The concurrency limit per
   // organization is raised so that the sustained runs measure the engine,
@@ -473,6 +475,10 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
   const env: NodeJS.ProcessEnv = { ...process.env, LOG_LEVEL: "silent" };
   if (o.workers) env.ASSAY_WORKERS = String(o.workers);
   if (o.threads) env.ASSAY_INTRA_OP_THREADS = String(o.threads);
+  // Every burst repeats one request: with the prefix cache on, all but the
+  // first would skip their state. Off unless asked for, so that a cell
+  // measures a request whose state is new (the `prefix` scenario measures hits).
+  env.ASSAY_PREFIX_CACHE_MB = String(o.prefixCacheMb ?? 0);
   const config = loadConfig(env);
   const needsHttp = o.layers.includes("http");
   log(`latency: loading the engine (${config.workers} lane(s) × ${config.intraOpThreads} thread(s)) ...`);

@@ -12,7 +12,7 @@ import { COMPUTED_PREFIX_TOKENS, Engine, PrefixCache, type ScoreContext } from "
 import { prepare } from "../../src/families/general.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
-import type { NoulAnswer, Question } from "../../src/validate/schema.js";
+import type { NoulAnswer, Question, RequestEnvelope } from "../../src/validate/schema.js";
 import { startEngine } from "./engine.js";
 
 const TOL = 1e-4;
@@ -113,6 +113,28 @@ describe("prefix cache", () => {
     expect(c.timings.cachedPrefixTokens).toBe((many.passes - 1) * (prefix.length - COMPUTED_PREFIX_TOKENS));
     const one = await plain.run(lb, prepared.packed);
     expect(maxDiff(many.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+  }, 120_000);
+
+  it("fact check and code search read through the same cache: a second batch of claims, a second question on the same items", async () => {
+    const run = async (model: string, state: unknown, questions: Record<string, unknown>) => {
+      const t = new Timings();
+      const r = await pipeline.run({ model, state, questions } as RequestEnvelope, { requestId: model, orgId: "org-families", timings: t });
+      return { r, cached: t.cachedPrefixTokens };
+    };
+    const doc = STATE;
+    const first = await run("judge-factcheck-lite", doc, { a: { type: "noul", instructions: "The shoes arrived on 7 March." } });
+    const again = await run("judge-factcheck-lite", doc, { b: { type: "noul", instructions: "The jacket shipped on 20 March." } });
+    expect(first.cached).toBe(0);
+    expect(again.cached).toBeGreaterThan(100);
+    const cs = { query: "Where is the refund for a cancelled order line computed?", items: [
+      { id: "n0", path: "orders/refunds.py", kind: "file", filePreview: { text: "def refund_line(order, line):\n    return line.price * line.qty\n" } },
+      { id: "n1", path: "README.md", kind: "file", filePreview: { text: "# Shop\nAn online shop." } },
+    ] };
+    const c1 = await run("judge-codegrep-lite", cs, { q0: { type: "noul" }, q1: { type: "noul" } });
+    const c2 = await run("judge-codegrep-lite", { ...cs, items: cs.items.slice(0, 1) }, { q0: { type: "noul" } });
+    expect(c1.cached).toBe(0);
+    expect(c2.cached).toBeGreaterThan(0);
+    expect(Math.abs((c2.r.answers.q0 as NoulAnswer).noul - (c1.r.answers.q0 as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
   }, 120_000);
 
   it("through the pipeline: the second request's answers equal the first's, and it says what it saved", async () => {
