@@ -7,6 +7,7 @@ import { buildPrefix } from "../prompt/index.js";
 import type { LoadedBuild } from "./build.js";
 import { PriorCache } from "./prior.js";
 import { MIN_CACHED_TOKENS, PrefixCache } from "./prefix-cache.js";
+import type { PrefixKv } from "../inference/protocol.js";
 
 export type { EncodedQuestion, PackedRequest, PlannedPass };
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
@@ -75,6 +76,7 @@ export class Engine {
     which?: readonly number[],
   ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
     const lps = new Array<number[] | undefined>(branches.length);
+    if (this.isLong(lb, prefix.length, branches, limit, which)) return this.scoreLong(lb, prefix, branches, limit, ctx, which);
     const passes = passesOf(prefix.length, branches, limit, which);
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
@@ -84,6 +86,71 @@ export class Engine {
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
     return { lps, passes: passes.length };
+  }
+
+  /**
+   * Whether a state is too long to share a pass with its widest branch: then
+   * (on a build that takes past keys and values) it is computed on its own,
+   * in chunks, and the branches are read against it (`scoreLong`).
+   */
+  private isLong(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): boolean {
+    const idx = which ?? branches.map((_, i) => i);
+    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...idx.map((i) => branchCost(branches[i]!))) > limit;
+  }
+
+  /**
+   * A state longer than one pass allows: its keys and values come from the
+   * prefix cache or are computed in chunks (`prefillChunks`), and the branches
+   * run in passes that carry only the state's last COMPUTED_PREFIX_TOKENS and
+   * attend to the rest. Every pass keeps its attention within the pairs of one
+   * full pass at the limit (limit²): the longer the state, the fewer branch
+   * tokens per pass.
+   */
+  private async scoreLong(
+    lb: LoadedBuild,
+    prefix: number[],
+    branches: readonly EncodedQuestion[],
+    limit: number,
+    ctx: ScoreContext,
+    which?: readonly number[],
+  ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
+    const held = prefix.length - COMPUTED_PREFIX_TOKENS;
+    const ids = BigInt64Array.from(prefix.slice(0, held), BigInt);
+    const build = lb.build.manifest.build_hash;
+    let past = this.prefixes.get(build, ctx.orgId, ids);
+    if (past) ctx.timings?.cached?.(held);
+    else {
+      past = await this.prefillChunks(lb, prefix, held, limit, ctx);
+      this.prefixes.set(build, ctx.orgId, ids, past);
+    }
+    const lps = new Array<number[] | undefined>(branches.length);
+    const passes = longPassesOf(held, branches, limit, which);
+    for (const pass of passes) {
+      ctx.signal?.throwIfAborted();
+      const packed = continuePacked(pack(prefix, pass.map((i) => branches[i]!)), held);
+      const read = readLabels(packed, (await this.infer(lb, packed, ctx, past)).logprobs);
+      if (read.some((b) => b.some((x) => !Number.isFinite(x)))) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+      pass.forEach((i, n) => (lps[i] = read[n]!));
+    }
+    return { lps, passes: passes.length + prefillChunkSizes(held, limit).length };
+  }
+
+  /** Keys and values of `prefix`'s first `held` tokens, computed chunk by chunk, each chunk continuing the ones before. */
+  private async prefillChunks(lb: LoadedBuild, prefix: number[], held: number, limit: number, ctx: ScoreContext): Promise<PrefixKv> {
+    let past: PrefixKv | undefined;
+    let start = 0;
+    for (const size of prefillChunkSizes(held, limit)) {
+      ctx.signal?.throwIfAborted();
+      const end = start + size;
+      // A chunk pass reads one throwaway branch (the next state token): the graph reads at least one.
+      const next = prefix[end]!;
+      const full = pack(prefix.slice(0, end), [{ suffix: [next], labels: [[next]], terminator: lb.terminator, billed: false }]);
+      const out = await this.infer(lb, start > 0 ? continuePacked(full, start) : full, ctx, past, end);
+      if (!out.present || out.present.tokens !== end) throw new AssayError("MODEL_FAILED", "the model returned no keys and values for the state");
+      past = out.present;
+      start = end;
+    }
+    return past!;
   }
 
   /**
@@ -127,6 +194,18 @@ export class Engine {
 
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
+    if (this.isLong(lb, prefixLength, branches, limit, which)) {
+      // The chunks of the state, then branch passes carrying its last tokens (their attention to the rest is not in the shape).
+      const held = prefixLength - COMPUTED_PREFIX_TOKENS;
+      const chunks = prefillChunkSizes(held, limit).map((c) => ({ model: lb.build.onnxPath, shape: { tokens: c + 1, prefix: c, branches: 1, width: 1 } }));
+      return [
+        ...chunks,
+        ...longPassesOf(held, branches, limit, which).map((pass) => {
+          const c = pass.map((i) => branchCost(branches[i]!));
+          return { model: lb.build.onnxPath, shape: { tokens: COMPUTED_PREFIX_TOKENS + c.reduce((a, b) => a + b, 0), prefix: COMPUTED_PREFIX_TOKENS, branches: pass.length, width: Math.max(...c) } };
+        }),
+      ];
+    }
     return passesOf(prefixLength, branches, limit, which).map((pass) => {
       const c = pass.map((i) => branchCost(branches[i]!));
       const shape = { tokens: prefixLength + c.reduce((a, b) => a + b, 0), prefix: prefixLength, branches: pass.length, width: Math.max(...c) };
@@ -159,13 +238,22 @@ export class Engine {
    * values. Both read the same log-probabilities
    * (test/engine/prefix-cache.test.ts).
    */
-  private async infer(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<{ logprobs: Float32Array; runMs: number }> {
+  private async infer(
+    lb: LoadedBuild,
+    packed: PackedRequest,
+    ctx: ScoreContext,
+    /** Given: the pass already continues these keys and values (a long state's); no lookup. */
+    given?: PrefixKv,
+    keep = 0,
+  ): Promise<{ logprobs: Float32Array; runMs: number; present?: PrefixKv }> {
     const q0 = performance.now();
     const kv = lb.build.manifest.kv;
     const held = packed.prefixLength - COMPUTED_PREFIX_TOKENS;
     let out;
     const layout = kv && { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
-    if (!layout) {
+    if (layout && (given || keep > 0)) {
+      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, ...(given ? { past: given } : {}), keep });
+    } else if (!layout) {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
     } else if (!this.prefixes.enabled || held < MIN_CACHED_TOKENS) {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: 0 });
@@ -196,6 +284,28 @@ export class Engine {
  * row, exactly equal with two; bench/RESULTS.md, session 10).
  */
 export const COMPUTED_PREFIX_TOKENS = 2;
+
+/**
+ * Chunk sizes that compute a long state's first `held` tokens: a chunk of c
+ * tokens after p computed ones attends to p + c keys, so c·(p + c) stays
+ * within limit² (one full pass's pairs) and c within the limit.
+ */
+export function prefillChunkSizes(held: number, limit: number): number[] {
+  const sizes: number[] = [];
+  for (let p = 0; p < held; ) {
+    const fit = Math.floor((-p + Math.sqrt(p * p + 4 * limit * limit)) / 2);
+    const c = Math.max(COMPUTED_PREFIX_TOKENS, Math.min(limit - 1, fit, held - p));
+    sizes.push(c);
+    p += c;
+  }
+  return sizes;
+}
+
+/** Branch passes against a long state of `held` computed tokens: padded branch tokens t with t·(held + t) within limit². */
+function longPassesOf(held: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
+  const room = Math.floor((-held + Math.sqrt(held * held + 4 * limit * limit)) / 2);
+  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(room, COMPUTED_PREFIX_TOKENS)), which);
+}
 
 /** Tokens one branch adds to a pass: its suffix and its label trie (at most every label token plus an end). */
 export function branchCost(b: EncodedQuestion): number {

@@ -147,13 +147,15 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
   const lb = fam.build(model.build);
   const limit = passLimit(fam, lb);
   const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias });
-  // Only the state with one question has to fit in a pass: the questions are
-  // read in as many passes as they need.
+  // The questions are read in as many passes as they need; the state with one
+  // question must fit in the model's context (a build that takes past keys and
+  // values computes a state longer than one pass in chunks), else in one pass.
   const widest = Math.max(...prepared.encoded.map(branchCost));
-  if (prepared.prefix.length + widest > limit) {
+  const room = lb.build.manifest.kv ? lb.build.manifest.context_length : limit;
+  if (prepared.prefix.length + widest > room) {
     throw invalid(
       `request too long for model "${env.model}": the state takes ${prepared.prefix.length} tokens and its longest question ` +
-        `(with its answer labels) ${widest}, over the limit of ${limit} tokens per pass; send a shorter state or shorter questions`,
+        `(with its answer labels) ${widest}, over the ${lb.build.manifest.kv ? "model's context" : "limit per pass"} of ${room} tokens; send a shorter state or shorter questions`,
     );
   }
   // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the

@@ -137,6 +137,39 @@ describe("prefix cache", () => {
     expect(Math.abs((c2.r.answers.q0 as NoulAnswer).noul - (c1.r.answers.q0 as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
   }, 120_000);
 
+  it("a state longer than a pass is computed in chunks and its branches read against it, as in one pass", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const prepared = prepare(lb, STATE, QUESTIONS);
+    const { prefix, encoded } = prepared;
+    // A pass limit below the state's length: only the chunked path can read it.
+    const limit = 100;
+    expect(prefix.length).toBeGreaterThan(limit);
+    for (const cache of [pipeline.engine, plain]) {
+      const c = ctx("org-long");
+      const long = await cache.scoreMany(lb, prefix, encoded, limit, c);
+      expect(long.passes).toBeGreaterThan(encoded.length);
+      const one = await plain.run(lb, prepared.packed);
+      expect(maxDiff(long.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+    }
+    // With the cache, the state's keys and values are kept: the same state again starts from them.
+    const again = ctx("org-long");
+    await pipeline.engine.scoreMany(lb, prefix, encoded.slice(0, 1), limit, again);
+    expect(again.timings.cachedPrefixTokens).toBe(prefix.length - COMPUTED_PREFIX_TOKENS);
+  }, 120_000);
+
+  it("through the pipeline, a state longer than ASSAY_MAX_PACKED_TOKENS is answered as with a larger limit, and billed the same", async () => {
+    const small = await startEngine({ ASSAY_MAX_PACKED_TOKENS: "128", ASSAY_PREFIX_CACHE_MB: "0" });
+    try {
+      const env = { model: "vendor/judge-9B", state: STATE, questions: QUESTIONS };
+      const a = await small.run(env, { requestId: "small", orgId: "org-small", timings: new Timings() });
+      const b = await pipeline.run(env, { requestId: "large", orgId: "org-small", timings: new Timings() });
+      expect(a.usage).toEqual(b.usage);
+      for (const id of ["refund", "shoes"]) expect(Math.abs((a.answers[id] as NoulAnswer).noul - (b.answers[id] as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
+    } finally {
+      await small.close();
+    }
+  }, 180_000);
+
   it("through the pipeline: the second request's answers equal the first's, and it says what it saved", async () => {
     const env = { model: "vendor/judge-9B", state: STATE, questions: QUESTIONS };
     const t1 = new Timings();
