@@ -226,8 +226,9 @@ program
   .option("--big-questions <n>", "questions of the large request", int("--big-questions"), 64)
   .option("--big-options <n>", "options per question of the large request", int("--big-options"), 8)
   .option("--cache-mb <n>", "ASSAY_PREFIX_CACHE_MB for the run", int("--cache-mb"), 1024)
-  .action(async (o: PrefixOptions) => {
-    await prefixScenario(o);
+  .option("--parts <list>", "second,cold,large,answers (answers: the large request against each question alone)", "second,cold,large,answers")
+  .action(async (o: Omit<PrefixOptions, "parts"> & { parts: string }) => {
+    await prefixScenario({ ...o, parts: o.parts.split(",").map((x) => x.trim()) });
   });
 
 await program.parseAsync(process.argv);

@@ -34,6 +34,8 @@ export interface PrefixOptions {
   bigQuestions: number;
   bigOptions: number;
   cacheMb: number;
+  /** Which measurements to run: second, cold, large, answers (the large request's answers against each question alone). */
+  parts: string[];
 }
 
 /** A state of about `tokens` tokens that no other round shares (its first words differ). */
@@ -60,38 +62,39 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
   const result: Record<string, unknown> = { machine, model: o.model, build: lb.build.manifest.build_hash, options: o };
   try {
     // 1. The second request on a state read before.
-    log(`prefix: second request, ${o.stateTokens}-token state, ${o.rounds} rounds`);
-    const rows: { layer: string; first: number; second: number; cached: number }[] = [];
-    for (let r = 0; r < o.rounds; r++) {
-      const state = variant(lb, o.stateTokens, `engine-${r}`);
-      const org = `bench-second-${r}`;
-      const first = prepare(lb, state, question(0));
-      let t = performance.now();
-      await readBranches(pipeline.engine, lb, first, limit, { orgId: org });
-      const firstMs = performance.now() - t;
-      const second = prepare(lb, state, question(1));
-      const timings = new Timings();
-      t = performance.now();
-      await readBranches(pipeline.engine, lb, second, limit, { orgId: org, timings });
-      rows.push({ layer: "engine", first: firstMs, second: performance.now() - t, cached: timings.cachedPrefixTokens });
+    if (o.parts.includes("second")) {
+      log(`prefix: second request, ${o.stateTokens}-token state, ${o.rounds} rounds`);
+      const rows: { layer: string; first: number; second: number; cached: number }[] = [];
+      for (let r = 0; r < o.rounds; r++) {
+        const state = variant(lb, o.stateTokens, `engine-${r}`);
+        const org = `bench-second-${r}`;
+        const first = prepare(lb, state, question(0));
+        let t = performance.now();
+        await readBranches(pipeline.engine, lb, first, limit, { orgId: org });
+        const firstMs = performance.now() - t;
+        const second = prepare(lb, state, question(1));
+        const timings = new Timings();
+        t = performance.now();
+        await readBranches(pipeline.engine, lb, second, limit, { orgId: org, timings });
+        rows.push({ layer: "engine", first: firstMs, second: performance.now() - t, cached: timings.cachedPrefixTokens });
 
-      const hstate = variant(lb, o.stateTokens, `http-${r}`);
-      const post = async (qs: Record<string, Question>) => {
-        const env: RequestEnvelope = { model: o.model, state: hstate, questions: qs };
-        const t0 = performance.now();
-        const res = await fetch(http.url, {
-          method: "POST",
-          headers: { authorization: `Bearer ${http.key}`, "content-type": "application/json" },
-          body: JSON.stringify(env),
-        });
-        const text = await res.text();
-        if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${text.slice(0, 200)}`);
-        return { ms: performance.now() - t0, cached: Number(res.headers.get("x-prefix-cache-tokens")) };
-      };
-      const h1 = await post(question(0));
-      const h2 = await post(question(1));
-      rows.push({ layer: "http", first: h1.ms, second: h2.ms, cached: h2.cached });
-      log(`  round ${r}: engine ${fmtMs(rows.at(-2)!.first)} → ${fmtMs(rows.at(-2)!.second)} ms, http ${fmtMs(h1.ms)} → ${fmtMs(h2.ms)} ms`);
+        const hstate = variant(lb, o.stateTokens, `http-${r}`);
+        const post = async (qs: Record<string, Question>) => {
+          const env: RequestEnvelope = { model: o.model, state: hstate, questions: qs };
+          const t0 = performance.now();
+          const res = await fetch(http.url, {
+            method: "POST",
+            headers: { authorization: `Bearer ${http.key}`, "content-type": "application/json" },
+            body: JSON.stringify(env),
+          });
+          const text = await res.text();
+          if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${text.slice(0, 200)}`);
+          return { ms: performance.now() - t0, cached: Number(res.headers.get("x-prefix-cache-tokens")) };
+        };
+        const h1 = await post(question(0));
+        const h2 = await post(question(1));
+        rows.push({ layer: "http", first: h1.ms, second: h2.ms, cached: h2.cached });
+        log(`  round ${r}: engine ${fmtMs(rows.at(-2)!.first)} → ${fmtMs(rows.at(-2)!.second)} ms, http ${fmtMs(h1.ms)} → ${fmtMs(h2.ms)} ms`);
     }
     const second: Record<string, { first_p50: number; second_p50: number; first_over_second: number | null; cached_tokens: number }> = {};
     for (const layer of ["engine", "http"]) {
@@ -109,14 +112,16 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
       ...Object.entries(second).map(([l, v]) => `| ${l} | ${fmtMs(v.first_p50)} | ${fmtMs(v.second_p50)} | ${v.first_over_second} | ${v.cached_tokens} |`),
       "",
     );
+    }
 
     // 2. What a miss costs on the primary cell.
-    log(`prefix: cold cost, primary cell, ${o.coldRequests} rounds`);
-    const primaryState = stateOf(lb, 512);
-    const cell = prepare(lb, primaryState, choiceQuestions(1, 4));
-    for (let i = 0; i < 2; i++) {
-      await readBranches(plain, lb, cell, limit, {});
-      await readBranches(pipeline.engine, lb, cell, limit, { orgId: `bench-warm-${i}` });
+    if (o.parts.includes("cold")) {
+      log(`prefix: cold cost, primary cell, ${o.coldRequests} rounds`);
+      const primaryState = stateOf(lb, 512);
+      const cell = prepare(lb, primaryState, choiceQuestions(1, 4));
+      for (let i = 0; i < 2; i++) {
+        await readBranches(plain, lb, cell, limit, {});
+        await readBranches(pipeline.engine, lb, cell, limit, { orgId: `bench-warm-${i}` });
     }
     const off: number[] = [];
     const cold: number[] = [];
@@ -142,35 +147,40 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
       `| ${fmtMs(median(off))} | ${fmtMs(median(cold))} | ${coldRatio} |`,
       "",
     );
+    }
 
     // 3. A request over the pass limit.
-    log(`prefix: large request, ${o.bigQuestions} × ${o.bigOptions} on 512 tokens`);
-    const bigQs = choiceQuestions(o.bigQuestions, o.bigOptions);
-    const bigState = variant(lb, 512, "large");
-    const big = prepare(lb, bigState, bigQs);
-    const prefillPass = pack(big.prefix.slice(0, -1), [{ suffix: big.prefix.slice(-1), labels: [[16]], terminator: lb.terminator }]);
-    await plain.run(lb, prefillPass);
-    let t = performance.now();
-    await plain.run(lb, prefillPass);
-    const prefillMs = performance.now() - t;
-    const bigTimings = new Timings();
-    t = performance.now();
-    await readBranches(pipeline.engine, lb, big, limit, { orgId: "bench-large", timings: bigTimings });
-    const bigMs = performance.now() - t;
-    // The same branches again, every pass now against the cached state: the branch rate.
-    t = performance.now();
-    await readBranches(pipeline.engine, lb, big, limit, { orgId: "bench-large" });
-    const branchesMs = performance.now() - t;
-    const bound = prefillMs + branchesMs;
-    // Answers: the whole request through the pipeline, then each question alone.
-    const org = "bench-large-answers";
-    const whole = await pipeline.run({ model: o.model, state: bigState, questions: bigQs }, { requestId: "large", orgId: org, timings: new Timings() });
-    let maxDp = 0;
-    for (const [id, q] of Object.entries(bigQs)) {
-      const alone = await pipeline.run({ model: o.model, state: bigState, questions: { [id]: q } }, { requestId: `alone-${id}`, orgId: org, timings: new Timings() });
-      const a = whole.answers[id] as ChoiceAnswer;
-      const b = alone.answers[id] as ChoiceAnswer;
-      for (const k of Object.keys(a.probabilities)) maxDp = Math.max(maxDp, Math.abs(a.probabilities[k]! - b.probabilities[k]!));
+    if (o.parts.includes("large")) {
+      log(`prefix: large request, ${o.bigQuestions} × ${o.bigOptions} on 512 tokens`);
+      const bigQs = choiceQuestions(o.bigQuestions, o.bigOptions);
+      const bigState = variant(lb, 512, "large");
+      const big = prepare(lb, bigState, bigQs);
+      const prefillPass = pack(big.prefix.slice(0, -1), [{ suffix: big.prefix.slice(-1), labels: [[16]], terminator: lb.terminator }]);
+      await plain.run(lb, prefillPass);
+      let t = performance.now();
+      await plain.run(lb, prefillPass);
+      const prefillMs = performance.now() - t;
+      const bigTimings = new Timings();
+      t = performance.now();
+      await readBranches(pipeline.engine, lb, big, limit, { orgId: "bench-large", timings: bigTimings });
+      const bigMs = performance.now() - t;
+      // The same branches again, every pass now against the cached state: the branch rate.
+      t = performance.now();
+      await readBranches(pipeline.engine, lb, big, limit, { orgId: "bench-large" });
+      const branchesMs = performance.now() - t;
+      const bound = prefillMs + branchesMs;
+      // Answers: the whole request through the pipeline, then each question alone.
+      const org = "bench-large-answers";
+      const whole = !o.parts.includes("answers") ? null : await pipeline.run({ model: o.model, state: bigState, questions: bigQs }, { requestId: "large", orgId: org, timings: new Timings() });
+      let maxDp = Number.NaN;
+      if (o.parts.includes("answers")) {
+        maxDp = 0;
+        for (const [id, q] of Object.entries(bigQs)) {
+          const alone = await pipeline.run({ model: o.model, state: bigState, questions: { [id]: q } }, { requestId: `alone-${id}`, orgId: org, timings: new Timings() });
+          const a = whole!.answers[id] as ChoiceAnswer;
+          const b = alone.answers[id] as ChoiceAnswer;
+          for (const k of Object.keys(a.probabilities)) maxDp = Math.max(maxDp, Math.abs(a.probabilities[k]! - b.probabilities[k]!));
+      }
     }
     result.large = {
       packed_tokens: big.packed.inputIds.length,
@@ -180,16 +190,17 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
       prefill_ms: Math.round(prefillMs),
       branches_against_cache_ms: Math.round(branchesMs),
       over_bound: ratio(bigMs, bound, 3),
-      max_abs_dp_vs_alone: +maxDp.toFixed(6),
+      max_abs_dp_vs_alone: Number.isNaN(maxDp) ? null : +maxDp.toFixed(6),
     };
     md.push(
       `### ${o.bigQuestions} questions × ${o.bigOptions} options on a 512-token state (${big.packed.inputIds.length.toLocaleString("en-US")} packed tokens as one sequence; pass limit ${limit.toLocaleString("en-US")})`,
       "",
       "| request ms | prefix tokens from the cache, over its passes | one prefill of the state ms | its branches against the cached state ms | request / (prefill + branches) | max abs Δp vs each question alone |",
       "|---:|---:|---:|---:|---:|---:|",
-      `| ${fmtMs(bigMs)} | ${bigTimings.cachedPrefixTokens.toLocaleString("en-US")} | ${fmtMs(prefillMs)} | ${fmtMs(branchesMs)} | ${ratio(bigMs, bound, 3)} | ${maxDp.toFixed(6)} |`,
+      `| ${fmtMs(bigMs)} | ${bigTimings.cachedPrefixTokens.toLocaleString("en-US")} | ${fmtMs(prefillMs)} | ${fmtMs(branchesMs)} | ${ratio(bigMs, bound, 3)} | ${Number.isNaN(maxDp) ? "not run" : maxDp.toFixed(6)} |`,
       "",
     );
+    }
     const rss = process.memoryUsage().rss;
     result.memory = { rss_mb: Math.round(rss / 2 ** 20), cache_mb: +(pipeline.engine.prefixes.bytes / 2 ** 20).toFixed(1), budget_mb: o.cacheMb };
     md.push(`Memory at the end: process RSS ${Math.round(rss / 2 ** 20).toLocaleString("en-US")} MB; the cache holds ${(pipeline.engine.prefixes.bytes / 2 ** 20).toFixed(1)} MB of its ${o.cacheMb} MB budget.`, "");

@@ -189,7 +189,8 @@ describe("a short pass beside a long one (the express worker)", () => {
     for (let round = 0; round < 10 && !rounds.some((r) => r.beside > 0); round++) {
       const before = await expressPasses();
       const order: string[] = [];
-      const a = post({ ...long, state: `${long.state} (${round})` }).then((r) => (order.push("long"), r));
+      // A new state each round, different from its first token: the prefix cache must not turn the long pass into a short one.
+      const a = post({ ...long, state: `(${round}) ${long.state}` }).then((r) => (order.push("long"), r));
       await until(() => engine.pool.running === 1, "the long request to reach the worker");
       const b = post(noul(`${SHORT} Round ${round}.`), other.key).then((r) => (order.push("short"), r));
       const [ra, rb] = await Promise.all([a, b]);
