@@ -25,7 +25,7 @@ export { PrefixCache } from "./prefix-cache.js";
  * log-probabilities. Nothing else packs, queues or reads the pool.
  */
 
-/** What a scoring call carries of its request; both optional, so offline tools pass nothing. */
+/** What a scoring call carries of its request; all optional, so offline tools pass nothing. */
 export interface ScoreContext {
   /** Where queue and inference time are added (the request's Timings). */
   timings?: { add(phase: "queue" | "inference", ms: number): void; cached?(tokens: number): void };
@@ -50,11 +50,7 @@ export class Engine {
 
   /** Runs a packed pass: each branch's label log-probabilities (summed over the label's tokens), in branch order. */
   async run(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext = {}): Promise<number[][]> {
-    const lps = readLabels(packed, (await this.infer(lb, packed, ctx)).logprobs);
-    if (lps.some((b) => b.some((x) => !Number.isFinite(x)))) {
-      throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
-    }
-    return lps;
+    return readFinite(packed, (await this.infer(lb, packed, ctx)).logprobs);
   }
 
   /** `prefix` + `branches` in one pass. */
@@ -75,8 +71,8 @@ export class Engine {
     ctx: ScoreContext = {},
     which?: readonly number[],
   ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
-    const lps = new Array<number[] | undefined>(branches.length);
     if (this.isLong(lb, prefix.length, branches, limit, which)) return this.scoreLong(lb, prefix, branches, limit, ctx, which);
+    const lps = new Array<number[] | undefined>(branches.length);
     const passes = passesOf(prefix.length, branches, limit, which);
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
@@ -128,8 +124,7 @@ export class Engine {
     for (const pass of passes) {
       ctx.signal?.throwIfAborted();
       const packed = continuePacked(pack(prefix, pass.map((i) => branches[i]!)), held);
-      const read = readLabels(packed, (await this.infer(lb, packed, ctx, past)).logprobs);
-      if (read.some((b) => b.some((x) => !Number.isFinite(x)))) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+      const read = readFinite(packed, (await this.infer(lb, packed, ctx, past)).logprobs);
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
     return { lps, passes: passes.length + prefillChunkSizes(held, limit).length };
@@ -194,23 +189,18 @@ export class Engine {
 
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
-    if (this.isLong(lb, prefixLength, branches, limit, which)) {
-      // The chunks of the state, then branch passes carrying its last tokens (their attention to the rest is not in the shape).
-      const held = prefixLength - COMPUTED_PREFIX_TOKENS;
-      const chunks = prefillChunkSizes(held, limit).map((c) => ({ model: lb.build.onnxPath, shape: { tokens: c + 1, prefix: c, branches: 1, width: 1 } }));
-      return [
-        ...chunks,
-        ...longPassesOf(held, branches, limit, which).map((pass) => {
-          const c = pass.map((i) => branchCost(branches[i]!));
-          return { model: lb.build.onnxPath, shape: { tokens: COMPUTED_PREFIX_TOKENS + c.reduce((a, b) => a + b, 0), prefix: COMPUTED_PREFIX_TOKENS, branches: pass.length, width: Math.max(...c) } };
-        }),
-      ];
-    }
-    return passesOf(prefixLength, branches, limit, which).map((pass) => {
+    const model = lb.build.onnxPath;
+    const shapeOfPass = (prefix: number, pass: number[]) => {
       const c = pass.map((i) => branchCost(branches[i]!));
-      const shape = { tokens: prefixLength + c.reduce((a, b) => a + b, 0), prefix: prefixLength, branches: pass.length, width: Math.max(...c) };
-      return { model: lb.build.onnxPath, shape };
-    });
+      return { model, shape: { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: pass.length, width: Math.max(...c) } };
+    };
+    if (!this.isLong(lb, prefixLength, branches, limit, which)) return passesOf(prefixLength, branches, limit, which).map((pass) => shapeOfPass(prefixLength, pass));
+    // The chunks of the state, then branch passes carrying its last tokens (their attention to the rest is not in the shape).
+    const held = prefixLength - COMPUTED_PREFIX_TOKENS;
+    return [
+      ...prefillChunkSizes(held, limit).map((c) => ({ model, shape: { tokens: c + 1, prefix: c, branches: 1, width: 1 } })),
+      ...longPassesOf(held, branches, limit, which).map((pass) => shapeOfPass(COMPUTED_PREFIX_TOKENS, pass)),
+    ];
   }
 
   /**
@@ -251,10 +241,10 @@ export class Engine {
     const held = packed.prefixLength - COMPUTED_PREFIX_TOKENS;
     let out;
     const layout = kv && { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
-    if (layout && (given || keep > 0)) {
-      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, ...(given ? { past: given } : {}), keep });
-    } else if (!layout) {
+    if (!layout) {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
+    } else if (given || keep > 0) {
+      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, ...(given ? { past: given } : {}), keep });
     } else if (!this.prefixes.enabled || held < MIN_CACHED_TOKENS) {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: 0 });
     } else {
@@ -293,8 +283,7 @@ export const COMPUTED_PREFIX_TOKENS = 2;
 export function prefillChunkSizes(held: number, limit: number): number[] {
   const sizes: number[] = [];
   for (let p = 0; p < held; ) {
-    const fit = Math.floor((-p + Math.sqrt(p * p + 4 * limit * limit)) / 2);
-    const c = Math.max(COMPUTED_PREFIX_TOKENS, Math.min(limit - 1, fit, held - p));
+    const c = Math.max(COMPUTED_PREFIX_TOKENS, Math.min(limit - 1, pairsRoom(p, limit), held - p));
     sizes.push(c);
     p += c;
   }
@@ -303,8 +292,19 @@ export function prefillChunkSizes(held: number, limit: number): number[] {
 
 /** Branch passes against a long state of `held` computed tokens: padded branch tokens t with t·(held + t) within limit². */
 function longPassesOf(held: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
-  const room = Math.floor((-held + Math.sqrt(held * held + 4 * limit * limit)) / 2);
-  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(room, COMPUTED_PREFIX_TOKENS)), which);
+  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(pairsRoom(held, limit), COMPUTED_PREFIX_TOKENS)), which);
+}
+
+/** The most tokens t that can follow p computed ones with t·(p + t) ≤ limit² attention pairs. */
+function pairsRoom(p: number, limit: number): number {
+  return Math.floor((-p + Math.sqrt(p * p + 4 * limit * limit)) / 2);
+}
+
+/** Each branch's label log-probabilities from a pass's output; a non-finite one is the model's failure. */
+function readFinite(packed: PackedRequest, logprobs: Float32Array): number[][] {
+  const lps = readLabels(packed, logprobs);
+  if (lps.some((b) => b.some((x) => !Number.isFinite(x)))) throw new AssayError("MODEL_FAILED", "the model returned non-finite log-probabilities");
+  return lps;
 }
 
 /** Tokens one branch adds to a pass: its suffix and its label trie (at most every label token plus an end). */

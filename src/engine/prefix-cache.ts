@@ -75,10 +75,6 @@ export class PrefixCache {
     return this.lru?.calculatedSize ?? 0;
   }
 
-  clear(): void {
-    this.lru?.clear();
-  }
-
   private key(build: string, org: string | undefined, tokens: BigInt64Array): string {
     const h = createHash("sha256").update(new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)).digest("base64url");
     return `${build}\u0000${this.scope === "shared" ? "" : (org ?? "")}\u0000${h}`;
