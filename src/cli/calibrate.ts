@@ -53,6 +53,8 @@ export interface CalibrateCliOptions {
   prior?: Record<string, number>;
   /** The neutral state each type's prior is read against (default: the shipped file's, else "N/A"). */
   priorState?: Record<string, string>;
+  /** Whether the prompt shows the worked examples for the run (default: the shipped file's). */
+  demonstrations?: boolean;
 }
 
 /** "score=,noul=N/A" → the neutral state per question type (empty allowed). */
@@ -64,6 +66,12 @@ export function parsePriorState(text: string): Record<string, string> {
     out[m[1]!] = m[2]!;
   }
   return out;
+}
+
+export function parseOnOff(text: string): boolean {
+  if (text === "on") return true;
+  if (text === "off") return false;
+  throw new InvalidArgumentError(`takes on or off, got "${text}"`);
 }
 
 /** "noul=1,choice=1,score=0" → weights per question type, each in [0, 1]. */
@@ -102,7 +110,14 @@ const GENERAL_KEY = /^(noul|choice|score):/;
  */
 export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit, fitted?: ReadonlySet<string>): CalibrationFit {
   if (!existing || existing.build_hash !== fit.build_hash) return fit;
-  const { prior: oldPrior, prior_state: oldState, ...rest } = existing;
+  const { prior: oldPrior, prior_state: oldState, demonstrations: oldDemonstrations, ...rest } = existing;
+  // The worked examples change every type's readings: maps kept from the file must have been read the same way.
+  const keepsGeneral = [existing.temperatures, existing.platt, existing.top_label].some((m) =>
+    Object.keys(m ?? {}).some((k) => GENERAL_KEY.test(k) && fitted !== undefined && !fitted.has(k.split(":")[0]!)),
+  );
+  if (keepsGeneral && (oldDemonstrations ?? false) !== (fit.demonstrations ?? false)) {
+    throw new Error("the file's maps for the other question types were read " + (oldDemonstrations ? "with" : "without") + " the worked examples: refit every type (--data with every set) under one setting");
+  }
   // Keys kept from the existing file: the families', and the general types this fit did not run on.
   const typeOf = (key: string) => key.split(":")[0]!;
   const kept = <T>(section: Record<string, T> | undefined): Record<string, T> =>
@@ -158,10 +173,21 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
   // all but the content-free prior, which is part of the reading.
   let prior: Record<string, number> | undefined;
   let priorState: Record<string, string> | undefined;
+  let demonstrations = false;
   const readingFit = (shipped: CalibrationFit | null, manifest: { build_hash: string }): CalibrationFit | null => {
     prior = opts.prior ?? shipped?.prior;
     priorState = opts.priorState ?? shipped?.prior_state;
-    return prior ? { build_hash: manifest.build_hash, fitted_at: "", temperatures: {}, prior, ...(priorState ? { prior_state: priorState } : {}), data: [] } : null;
+    demonstrations = opts.demonstrations ?? shipped?.demonstrations ?? false;
+    if (!prior && !demonstrations) return null;
+    return {
+      build_hash: manifest.build_hash,
+      fitted_at: "",
+      temperatures: {},
+      ...(prior ? { prior } : {}),
+      ...(prior && priorState ? { prior_state: priorState } : {}),
+      ...(demonstrations ? { demonstrations } : {}),
+      data: [],
+    };
   };
   const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`), { calibration: { model: opts.model, fit: readingFit } });
   try {
@@ -180,6 +206,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     const header: FitHeader = {
       ...(prior ? { prior } : {}),
       ...(prior && priorState ? { prior_state: priorState } : {}),
+      ...(demonstrations ? { demonstrations } : {}),
       build_hash: manifest.build_hash,
       build: resolved.build,
       dir: path.basename(lb.build.dir),
@@ -202,6 +229,8 @@ interface FitHeader {
   /** Content-free prior weights the readings were taken under (shipped with the maps fitted on them). */
   prior?: Record<string, number>;
   prior_state?: Record<string, string>;
+  /** The prompt showed the worked examples (shipped with the maps fitted on its readings). */
+  demonstrations?: boolean;
   build_hash: string;
   build: string;
   dir: string;
@@ -232,9 +261,9 @@ async function calibrateFromReadouts(opts: CalibrateCliOptions, files: readonly 
     if (header === null) {
       header = { ...saved.header, data: [...saved.header.data] };
     } else {
-      const shape = (h: FitHeader) => JSON.stringify([h.prior ?? null, h.prior_state ?? null, h.debias, h.debias_max_shifts]);
+      const shape = (h: FitHeader) => JSON.stringify([h.prior ?? null, h.prior_state ?? null, h.debias, h.debias_max_shifts, h.demonstrations ?? false]);
       if (shape(saved.header) !== shape(header)) {
-        throw new Error(`${file} was read under another prior, neutral state or debias setting than ${files[0]}: ${shape(saved.header)} vs ${shape(header)}`);
+        throw new Error(`${file} was read under another prior, neutral state, debias setting or prompt than ${files[0]}: ${shape(saved.header)} vs ${shape(header)}`);
       }
       const seen = new Set(items.map((it) => it.dataset));
       const again = [...new Set(saved.items.map((it) => it.dataset))].filter((d) => seen.has(d));
@@ -354,6 +383,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     top_label: maps.top_label,
     ...(header.prior ? { prior: header.prior } : {}),
     ...(header.prior_state ? { prior_state: header.prior_state } : {}),
+    ...(header.demonstrations ? { demonstrations: true } : {}),
     identity_kept: rejected,
     top_label_left_out: noTopLabel,
     cross_validation: [...summary(cv, `${opts.folds}-fold`), ...summary(lodo, "leave-one-dataset-out")],
@@ -394,6 +424,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
     .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
     .option("--prior-state <states>", "the neutral state each type's prior reads, e.g. score=,noul=N/A (default: the shipped file's, else N/A)", parsePriorState)
+    .option("--demonstrations <on|off>", "show the worked examples before the state for the run (default: the shipped file's); the written file says which", parseOnOff)
     .option("--from-readouts <files...>", "refit from --readouts files of earlier runs on this build (merged; each set once) instead of running the model")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
@@ -418,6 +449,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         fromResults?: string[];
         prior?: Record<string, number>;
         priorState?: Record<string, string>;
+        demonstrations?: boolean;
         fromReadouts?: string[];
       }) => {
         if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE…)");
@@ -460,6 +492,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
             ...(o.prior !== undefined ? { prior: o.prior } : {}),
             ...(o.priorState !== undefined ? { priorState: o.priorState } : {}),
+            ...(o.demonstrations !== undefined ? { demonstrations: o.demonstrations } : {}),
             ...(o.fromReadouts !== undefined ? { fromReadouts: o.fromReadouts } : {}),
           },
           io,

@@ -182,7 +182,7 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
     .option("--split <part/parts>", "only rows i with i mod PARTS = PART, before --limit (e.g. 1/2 for the rows `calibrate --split 0/2` left out)", parseSplit)
     .option("--debias <mode>", "off | cyclic (default: ASSAY_DEBIAS)")
     .option("--shifts <n>", "presentations per choice question at most (default: ASSAY_DEBIAS_MAX_SHIFTS)", positiveInt("--shifts"))
-    .option("--calibration <file|none>", "calibration to apply: none, or a fit file for this build (default: what the build loads)")
+    .option("--calibration <file|none>", "calibration to apply: none (the raw reading: no maps, no content-free prior, no worked examples), or a fit file for this build (default: what the build loads)")
     .option("--debias-cost <n>", "instead of evaluating: time N requests per file with and without debiasing, alternately", positiveInt("--debias-cost"))
     .option("--out <dir>", "output folder (default bench/out/eval/<model>-<timestamp>/)")
     .option("--no-flip", "skip the reversed-option-order pass (flip rate) for choice and score")

@@ -1,5 +1,5 @@
 import { readBuild, type ModelBuild, type ReadBuildOptions } from "../models/manifest.js";
-import { styleFromTemplate, type PromptStyle } from "../prompt/index.js";
+import { buildPrefix, preamble, styleFromTemplate, type PromptStyle } from "../prompt/index.js";
 import { TextTokenizer } from "../tokenizer/index.js";
 
 /** What a loaded model build needs on the request path, made once at load. */
@@ -10,16 +10,32 @@ export interface LoadedBuild {
   terminator: number;
   /** Label text → token ids, per build: option labels are tokenized once. */
   labelCache: Map<string, number[]>;
+  /**
+   * Token ids every general prefix starts with (the prompt's preamble: system
+   * text and worked examples), or none where the tokenizer does not keep them
+   * apart from what follows. The engine computes their keys and values once.
+   */
+  preamble: number[];
 }
 
 export function loadBuild(dir: string, opts: ReadBuildOptions = {}): LoadedBuild {
   const build = readBuild(dir, opts);
   const tokenizer = new TextTokenizer(build);
-  const style = styleFromTemplate(build.manifest.chat_template);
+  const style = styleFromTemplate(build.manifest.chat_template, build.manifest.calibration?.demonstrations === true);
   const endToken = style.kind === "chatml" ? style.end : build.manifest.special_tokens.eos;
   const terminator = (endToken ? tokenizer.specialId(endToken) : undefined) ?? build.manifest.eos_token_id;
   if (terminator === undefined || terminator === null) throw new Error(`${dir}: no end-of-turn token`);
-  return { build, tokenizer, style, terminator, labelCache: new Map() };
+  return { build, tokenizer, style, terminator, labelCache: new Map(), preamble: preambleIds(tokenizer, style) };
+}
+
+/** The preamble's ids, where they are exactly the first ids of a general prefix (two probes: a word and a JSON state). */
+export function preambleIds(tokenizer: TextTokenizer, style: PromptStyle): number[] {
+  const ids = tokenizer.encode(preamble(style));
+  const starts = (state: string) => {
+    const p = tokenizer.encode(buildPrefix(style, state));
+    return p.length > ids.length && ids.every((t, i) => p[i] === t);
+  };
+  return starts("x") && starts("{\"a\":1}") ? ids : [];
 }
 
 

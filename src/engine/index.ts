@@ -13,7 +13,7 @@ export type { EncodedQuestion, PackedRequest, PlannedPass };
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
 export { pack };
 export { likelyEscalated } from "../inference/work.js";
-export { labelIds, loadBuild, type LoadedBuild } from "./build.js";
+export { labelIds, loadBuild, preambleIds, type LoadedBuild } from "./build.js";
 export { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
 export { PrefixCache } from "./prefix-cache.js";
 
@@ -42,11 +42,35 @@ export class Engine {
   /** Content-free readings of questions, per build (prior.ts). */
   private readonly priors = new PriorCache();
 
+  /** Keys and values of each build's preamble, computed once. */
+  private readonly preambles = new Preambles();
+
   constructor(
     readonly pool: InferencePool,
     /** Keys and values of recent prefixes (prefix-cache.ts); off when its budget is 0. */
     readonly prefixes: PrefixCache = new PrefixCache(0, "organization"),
+    /** Whether passes start from the preamble's keys and values (off: every pass computes its whole prefix; tests compare the two). */
+    readonly pinPreamble = true,
   ) {}
+
+  /**
+   * The preamble's keys and values, when `packed` starts with the preamble and
+   * computes at least COMPUTED_PREFIX_TOKENS of its prefix past it.
+   */
+  private async preambleOf(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<PrefixKv | undefined> {
+    const ids = lb.preamble;
+    if (!this.pinPreamble || ids.length < MIN_CACHED_TOKENS || packed.prefixLength - ids.length < COMPUTED_PREFIX_TOKENS) return undefined;
+    if (!ids.every((t, i) => packed.inputIds[i] === BigInt(t))) return undefined;
+    // Keyed by the ids too: one build may be read with and without the worked examples (calibrate, tests).
+    return this.preambles.get(`${lb.build.manifest.build_hash}:${ids.join(",")}`, async () => {
+      // The preamble alone, reading one throwaway branch (the graph reads at least one).
+      const alone = pack(ids, [{ suffix: [lb.terminator], labels: [[lb.terminator]], terminator: lb.terminator, billed: false }]);
+      // Not under the request's signal: other requests may be waiting on the same keys and values.
+      const out = await this.infer(lb, alone, ctx.timings ? { timings: ctx.timings } : {}, undefined, ids.length);
+      if (!out.present || out.present.tokens !== ids.length) throw new AssayError("MODEL_FAILED", "the model returned no keys and values for the preamble");
+      return out.present;
+    });
+  }
 
   /** Runs a packed pass: each branch's label log-probabilities (summed over the label's tokens), in branch order. */
   async run(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext = {}): Promise<number[][]> {
@@ -245,23 +269,49 @@ export class Engine {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal);
     } else if (given || keep > 0) {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, ...(given ? { past: given } : {}), keep });
-    } else if (!this.prefixes.enabled || held < MIN_CACHED_TOKENS) {
-      out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: 0 });
     } else {
       const build = lb.build.manifest.build_hash;
+      const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
       const prefix = packed.inputIds.subarray(0, held);
-      const past = this.prefixes.get(build, ctx.orgId, prefix);
+      const past = caching ? this.prefixes.get(build, ctx.orgId, prefix) : undefined;
+      const opening = past ? undefined : await this.preambleOf(lb, packed, ctx);
       if (past) {
         out = await this.pool.infer(lb.build.onnxPath, continuePacked(packed, held), ctx.signal, { layout, past, keep: 0 });
         ctx.timings?.cached?.(held);
       } else {
-        out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep: held });
-        if (out.present) this.prefixes.set(build, ctx.orgId, prefix, out.present);
+        const keep = caching ? held : 0;
+        out = opening
+          ? await this.pool.infer(lb.build.onnxPath, continuePacked(packed, opening.tokens), ctx.signal, { layout, past: opening, keep })
+          : await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep });
+        if (caching && out.present) this.prefixes.set(build, ctx.orgId, prefix, out.present);
       }
     }
     ctx.timings?.add("inference", out.runMs);
     ctx.timings?.add("queue", Math.max(0, performance.now() - q0 - out.runMs));
     return out;
+  }
+}
+
+/**
+ * Keys and values of a build's preamble (LoadedBuild.preamble), computed once
+ * per build by the first pass that needs them and kept for the process: the
+ * same tokens open every general prompt, whoever sends it, so holding them
+ * tells no organization anything about another and needs no partition.
+ */
+class Preambles {
+  private readonly kv = new Map<string, Promise<PrefixKv | undefined>>();
+
+  get(key: string, compute: () => Promise<PrefixKv | undefined>): Promise<PrefixKv | undefined> {
+    let p = this.kv.get(key);
+    if (!p) {
+      // A failed computation (a request cut short) is not kept: the next pass tries again.
+      p = compute().catch((e: unknown) => {
+        this.kv.delete(key);
+        throw e;
+      });
+      this.kv.set(key, p);
+    }
+    return p;
   }
 }
 

@@ -33,6 +33,11 @@ export const CalibrationFit = z.looseObject({
    * build: at most ASSAY_SHORTLIST; 0 turns it off where it was measured not to help. Absent: ASSAY_SHORTLIST.
    */
   shortlist: z.number().int().min(0).max(8).optional(),
+  /**
+   * The general prompt shows the worked examples (src/prompt/demonstrations.ts) before the state on
+   * this build; the maps above are fitted on readings taken with them. Absent: not shown.
+   */
+  demonstrations: z.boolean().optional(),
   /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
   data: z.array(z.string()).default([]),

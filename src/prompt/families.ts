@@ -1,4 +1,4 @@
-import { buildQuestion, closeTurn, label, SYSTEM, type PromptStyle } from "./index.js";
+import { buildQuestion, closeTurn, label, prefixHead, type PromptStyle } from "./index.js";
 import type { Question } from "../validate/schema.js";
 
 /**
@@ -37,7 +37,7 @@ export function claimQuestion(claim: string): Question {
 
 /** The prefix around a document, for documents cut into token chunks: the general prefix (buildPrefix) in parts. */
 export function factcheckPrefixParts(style: PromptStyle): { head: string; tail: string } {
-  return { head: open(style, SYSTEM, "State:\n"), tail: "\n\n" };
+  return { head: prefixHead(style), tail: "\n\n" };
 }
 
 /** A claim's yes/no reading (labels: yes, Yes, no, No, as YES_NO). */

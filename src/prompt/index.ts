@@ -1,4 +1,5 @@
 import type { Question, State } from "../validate/schema.js";
+import { DEMONSTRATIONS } from "./demonstrations.js";
 
 /**
  * Prompt layer: state + typed questions → text. Pure functions.
@@ -9,15 +10,19 @@ import type { Question, State } from "../validate/schema.js";
  * suffix tells the model exactly which labels it may answer with.
  */
 
-export type PromptStyle =
+export type PromptStyle = (
   /** ChatML (`<|im_start|>role\n…<|im_end|>`), e.g. Qwen2 instruct models. */
   | { kind: "chatml"; end: string }
   /** A base model without a chat template: plain completion text. */
-  | { kind: "completion" };
+  | { kind: "completion" }
+) & {
+  /** Worked examples before the state (demonstrations.ts), where the build's readout was fitted with them. */
+  demonstrations?: boolean;
+};
 
-export function styleFromTemplate(chatTemplate: string | null): PromptStyle {
-  if (chatTemplate && chatTemplate.includes("<|im_start|>")) return { kind: "chatml", end: "<|im_end|>" };
-  return { kind: "completion" };
+export function styleFromTemplate(chatTemplate: string | null, demonstrations = false): PromptStyle {
+  const base: PromptStyle = chatTemplate && chatTemplate.includes("<|im_start|>") ? { kind: "chatml", end: "<|im_end|>" } : { kind: "completion" };
+  return demonstrations ? { ...base, demonstrations: true } : base;
 }
 
 export interface QuestionPrompt {
@@ -65,12 +70,32 @@ export function renderState(state: State): string {
   return typeof state === "string" ? state : JSON.stringify(state);
 }
 
+/**
+ * What every general prompt starts with, whatever the state: the system text
+ * and, where the build uses them, the worked examples. A constant per build,
+ * so the engine computes its keys and values once (Engine, the preamble).
+ */
+export function preamble(style: PromptStyle): string {
+  const turns = style.demonstrations ? DEMONSTRATIONS.map((d) => demonstrationTurn(style, d.state, d.question, d.answer)).join("") : "";
+  if (style.kind === "chatml") return `<|im_start|>system\n${SYSTEM}${style.end}\n${turns}`;
+  return `${SYSTEM}\n\n${turns}`;
+}
+
+/** The general prefix up to the state's text: the preamble and the opening of the user's turn. */
+export function prefixHead(style: PromptStyle): string {
+  return `${preamble(style)}${style.kind === "chatml" ? "<|im_start|>user\n" : ""}State:\n`;
+}
+
 export function buildPrefix(style: PromptStyle, state: State): string {
-  const body = `State:\n${renderState(state)}\n\n`;
-  if (style.kind === "chatml") {
-    return `<|im_start|>system\n${SYSTEM}${style.end}\n<|im_start|>user\n${body}`;
-  }
-  return `${SYSTEM}\n\n${body}`;
+  return `${prefixHead(style)}${renderState(state)}\n\n`;
+}
+
+/** One worked example as a finished exchange: the question asked as buildQuestion asks it, and its answer label. */
+function demonstrationTurn(style: PromptStyle, state: State, q: Question, answer: number): string {
+  const asked = buildQuestion(style, "example", q, undefined, { debiased: true });
+  const shown = asked.labels[asked.option.indexOf(answer)]!;
+  const text = `State:\n${renderState(state)}\n\n${asked.suffix}${shown}`;
+  return style.kind === "chatml" ? `<|im_start|>user\n${text}${style.end}\n` : `${text}\n\n`;
 }
 
 export function closeTurn(style: PromptStyle, text: string): string {

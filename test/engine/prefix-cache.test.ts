@@ -8,7 +8,7 @@
  * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COMPUTED_PREFIX_TOKENS, Engine, PrefixCache, type ScoreContext } from "../../src/engine/index.js";
+import { COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
 import { prepare } from "../../src/families/general.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
@@ -35,12 +35,12 @@ const QUESTIONS: Record<string, Question> = {
 const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((row, i) => row.map((x, j) => Math.abs(x - b[i]![j]!))));
 
 let pipeline: EnginePipeline;
-/** The same pool without a cache: the reference reading of every pass. */
+/** The same pool without a cache or the pinned preamble: every pass computes its whole prefix, the reference reading. */
 let plain: Engine;
 
 beforeAll(async () => {
   pipeline = await startEngine({ ASSAY_PREFIX_CACHE_MB: "256", ASSAY_PREFIX_CACHE_SCOPE: "organization" });
-  plain = new Engine(pipeline.pool);
+  plain = new Engine(pipeline.pool, undefined, false);
 }, 300_000);
 
 afterAll(async () => {
@@ -67,6 +67,23 @@ describe("prefix cache", () => {
       expect(maxDiff(first, ref)).toBeLessThanOrEqual(TOL);
       expect(maxDiff(second, ref)).toBeLessThanOrEqual(TOL);
     }, 120_000);
+  }
+
+  for (const model of ["vendor/judge-9B", "judge-latest"]) {
+    it(`${model}: passes that start from the preamble's keys and values, with and without the worked examples, read what the whole pass reads`, async () => {
+      const lb = pipeline.build(model);
+      const withExamples: LoadedBuild = { ...lb, style: { ...lb.style, demonstrations: true }, labelCache: new Map() };
+      withExamples.preamble = preambleIds(lb.tokenizer, withExamples.style);
+      expect(withExamples.preamble.length).toBeGreaterThan(300);
+      for (const b of [lb, withExamples]) {
+        expect(b.preamble.length).toBeGreaterThanOrEqual(30);
+        const { packed } = prepare(b, STATE, QUESTIONS);
+        expect(Array.from(packed.inputIds.subarray(0, b.preamble.length), Number)).toEqual(b.preamble);
+        // A new organization each time: a prefix cache miss, so the pass starts from the preamble alone.
+        const got = await pipeline.engine.run(b, packed, ctx(`org-preamble-${model}-${b.preamble.length}`));
+        expect(maxDiff(got, await plain.run(b, packed))).toBeLessThanOrEqual(TOL);
+      }
+    }, 180_000);
   }
 
   it("another question on a cached state: read from the cache, as it reads alone", async () => {

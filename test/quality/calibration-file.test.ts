@@ -118,6 +118,19 @@ describe("mergeFit (assay calibrate rewriting a shipped file)", () => {
     expect((merged as Record<string, unknown>)["factcheck"]).toEqual({ x: 1 });
   });
 
+  it("the worked examples: a whole refit sets them as it ran; a partial refit under another setting than the kept maps is refused", () => {
+    const existing = readFit(fitFile("aaaa", { temperatures: { "choice:*": 1.2 }, platt: { "noul:2": { a: 2, b: 1 } }, demonstrations: true }));
+    // Run on every type without them: the file says so (no stale flag from the old file).
+    const whole = mergeFit(existing, readFit(fitFile("aaaa", { temperatures: { "choice:*": 1.1 } })));
+    expect(whole.demonstrations).toBeUndefined();
+    // Noul alone without them, over choice maps read with them: refused, nothing mixed.
+    expect(() => mergeFit(existing, readFit(fitFile("aaaa", { platt: { "noul:2": { a: 1, b: 0 } } })), new Set(["noul"]))).toThrow(/worked examples/);
+    // The same setting: merged.
+    const same = mergeFit(existing, readFit(fitFile("aaaa", { platt: { "noul:2": { a: 1, b: 0 } }, demonstrations: true })), new Set(["noul"]));
+    expect(same.demonstrations).toBe(true);
+    expect(same.temperatures["choice:*"]).toBe(1.2);
+  });
+
   it("a fit run on some types only keeps the other types' keys, prior and data notes", () => {
     const existing = readFit(
       fitFile("aaaa", {

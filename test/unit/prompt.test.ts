@@ -3,10 +3,14 @@ import {
   buildPrefix,
   buildPrompt,
   buildQuestion,
+  preamble,
+  prefixHead,
   renderState,
   styleFromTemplate,
+  SYSTEM,
   type PromptStyle,
 } from "../../src/prompt/index.js";
+import { DEMONSTRATIONS } from "../../src/prompt/demonstrations.js";
 import type { Question } from "../../src/validate/schema.js";
 
 /** Pure prompt layer: no tokenizer, no model. */
@@ -84,6 +88,28 @@ describe("prefix", () => {
     expect(prefix).not.toContain("<|im_start|>");
     expect(prefix).not.toContain("<|im_end|>");
     expect(prefix).toContain("State:\nS");
+  });
+
+  it("with the worked examples: finished exchanges after the system turn, each answered with one of its labels, then the state", () => {
+    const style = { ...CHATML, demonstrations: true };
+    const prefix = buildPrefix(style, "S");
+    expect(prefix.startsWith(preamble(style))).toBe(true);
+    expect(prefix).toBe(`${prefixHead(style)}S\n\n`);
+    expect(preamble(style).startsWith(preamble(CHATML))).toBe(true);
+    // Each example is a user turn and an answered assistant turn; the state's user turn stays open.
+    expect(count(prefix, "<|im_start|>assistant\n")).toBe(DEMONSTRATIONS.length);
+    expect(count(prefix, "<|im_start|>user\n")).toBe(DEMONSTRATIONS.length + 1);
+    const answers = [...prefix.matchAll(/<\|im_start\|>assistant\n([^<]*)<\|im_end\|>/g)].map((m) => m[1]);
+    expect(answers).toEqual(["yes", "no", "no", "2", "terrible"]);
+    // Completion style: the same exchanges as plain text, answers after "Answer:".
+    const plain = buildPrefix({ ...COMPLETION, demonstrations: true }, "S");
+    expect(plain).not.toContain("<|im_start|>");
+    expect(count(plain, "\nAnswer: ")).toBe(DEMONSTRATIONS.length);
+  });
+
+  it("without the worked examples the prefix is the system turn and the state, as before they existed", () => {
+    expect(buildPrefix(CHATML, "S")).toBe(`<|im_start|>system\n${SYSTEM}<|im_end|>\n<|im_start|>user\nState:\nS\n\n`);
+    expect(buildPrefix(COMPLETION, "S")).toBe(`${SYSTEM}\n\nState:\nS\n\n`);
   });
 
   it("does not depend on the questions (so questions are independent of each other)", () => {
