@@ -8,6 +8,7 @@ import type { LoadedBuild } from "./build.js";
 import { PriorCache } from "./prior.js";
 import { MIN_CACHED_TOKENS, PrefixCache } from "./prefix-cache.js";
 import type { PrefixKv } from "../inference/protocol.js";
+import { metrics } from "../observability/metrics.js";
 
 export type { EncodedQuestion, PackedRequest, PlannedPass };
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
@@ -283,6 +284,7 @@ export class Engine {
         out = opening
           ? await this.pool.infer(lb.build.onnxPath, continuePacked(packed, opening.tokens), ctx.signal, { layout, past: opening, keep })
           : await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep });
+        if (opening) metrics.preambleTokensSaved.inc(opening.tokens);
         if (caching && out.present) this.prefixes.set(build, ctx.orgId, prefix, out.present);
       }
     }

@@ -109,6 +109,12 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly preambleTokensSaved = new Counter({
+    name: "assay_preamble_tokens_saved_total",
+    help: "Prefix tokens read from a build's preamble (system text, computed once per build) instead of computed by the pass.",
+    registers: [this.registry],
+  });
+
   readonly buildMsPerToken = new Gauge({
     name: "assay_build_ms_per_token",
     help: "The cost estimate in use per model build: milliseconds per packed token (live, fitted on the passes run).",

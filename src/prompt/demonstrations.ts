@@ -15,6 +15,14 @@ import type { Question, State } from "../validate/schema.js";
  * computes their keys and values once (the engine's preamble) and a request
  * pays only attention to them. Changing a word here changes every reading:
  * the build's maps must be refitted (`assay calibrate`).
+ *
+ * Shown on neither shipped build: measured on the 1.5B (bench/RESULTS.md,
+ * session 11), they turn the sanity suite's five negation misses right (all
+ * five examples, and the first two alone) but read every dev set worse
+ * (BoolQ AUROC 0.754 → 0.737, SummEdits 0.770 → 0.699, AG News 0.76 → 0.74 on
+ * the same 100 rows): the examples' short states pull the model away from
+ * the long documents real questions are about. Kept, with
+ * `assay calibrate --demonstrations on`, so the measurement can be repeated.
  */
 export interface Demonstration {
   state: State;

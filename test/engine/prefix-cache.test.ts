@@ -12,6 +12,7 @@ import { COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBu
 import { prepare } from "../../src/families/general.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
+import { metrics } from "../../src/observability/metrics.js";
 import type { NoulAnswer, Question, RequestEnvelope } from "../../src/validate/schema.js";
 import { startEngine } from "./engine.js";
 
@@ -31,6 +32,8 @@ const QUESTIONS: Record<string, Question> = {
   topic: { type: "choice", instructions: "What is the message mainly about?", criteria: { delivery: null, sizing: null, cancellation: null, payment: null } },
   mood: { type: "score", instructions: "How satisfied is the customer?", criteria: ["very unhappy", "unhappy", "neutral", "happy", "very happy"] },
 };
+
+const savedByPreamble = async () => (await metrics.preambleTokensSaved.get()).values[0]?.value ?? 0;
 
 const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((row, i) => row.map((x, j) => Math.abs(x - b[i]![j]!))));
 
@@ -80,7 +83,9 @@ describe("prefix cache", () => {
         const { packed } = prepare(b, STATE, QUESTIONS);
         expect(Array.from(packed.inputIds.subarray(0, b.preamble.length), Number)).toEqual(b.preamble);
         // A new organization each time: a prefix cache miss, so the pass starts from the preamble alone.
+        const before = await savedByPreamble();
         const got = await pipeline.engine.run(b, packed, ctx(`org-preamble-${model}-${b.preamble.length}`));
+        expect((await savedByPreamble()) - before).toBe(b.preamble.length);
         expect(maxDiff(got, await plain.run(b, packed))).toBeLessThanOrEqual(TOL);
       }
     }, 180_000);

@@ -35,6 +35,7 @@ import {
   call,
   expectNoSecrets,
   recordFigures,
+  sample,
   score,
   sleep,
   smallBody,
@@ -87,12 +88,6 @@ function expectClosedHolds(ledger: LedgerEntry[]): void {
   const closes = ledger.filter((e) => e.kind === "settle" || e.kind === "release").map((e) => e.holdId);
   expect(new Set(holds).size).toBe(holds.length);
   expect([...closes].sort()).toEqual([...holds].sort());
-}
-
-/** The value of one Prometheus sample (0 when absent). */
-function sample(text: string, name: string): number {
-  const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
-  return m ? Number(m[1]) : 0;
 }
 
 describe("an inference worker killed mid-request", () => {

@@ -207,6 +207,13 @@ export function smallBody(i: number): { model: string; state: string; questions:
   return { model: "judge-latest", state, questions };
 }
 
+/** The value of one Prometheus sample (0 when absent); `name` may carry its labels, e.g. `x{result="hit"}`. */
+export function sample(text: string, name: string): number {
+  const escaped = name.replace(/[{}"]/g, (c) => `\\${c}`);
+  const m = new RegExp(`^${escaped} (\\S+)$`, "m").exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
 /** The nearest-rank percentile of `xs` (p in 0..100). */
 export function percentile(xs: number[], p: number): number {
   if (xs.length === 0) return NaN;

@@ -8,6 +8,10 @@
  *   - afterwards the ledger's charges equal Σ chargeFor(usage.input_tokens, price)
  *     over the 200 responses, exactly, one settle per 200 and none for anything else
  *   - no hold stays open and no slot stays taken (the limit is whole again)
+ *   - the prefix cache stays within its budget (16 MB here, so that every
+ *     request's new state evicts an older one) and the process's resident
+ *     memory is sampled throughout (recorded, not asserted: most of it is
+ *     the models)
  *   - the server's log never shows the key
  */
 import fs from "node:fs";
@@ -18,10 +22,12 @@ import { chargeFor } from "../../src/accounts/money.js";
 import { loadPrices } from "../../src/accounts/prices.js";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { ROOT } from "../../src/config/index.js";
-import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, score, sleep, smallBody } from "./harness.js";
+import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody } from "./harness.js";
 
 const LIMIT = 4;
 const SENDERS = 2 * LIMIT;
+/** A small prefix cache budget: a few states fit, so the load evicts all along. */
+const CACHE_MB = 16;
 const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("judge-latest", "general");
 
 let dir: string;
@@ -35,7 +41,7 @@ beforeAll(async () => {
   const store = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
   ({ key, org: { id: orgId } } = store.createKey("load"));
   store.close();
-  server = await ServerProcess.start({ ASSAY_DATA_DIR: dir, ASSAY_CONCURRENCY_BEFORE_PURCHASE: String(LIMIT) });
+  server = await ServerProcess.start({ ASSAY_DATA_DIR: dir, ASSAY_CONCURRENCY_BEFORE_PURCHASE: String(LIMIT), ASSAY_PREFIX_CACHE_MB: String(CACHE_MB) });
 });
 
 afterAll(async () => {
@@ -61,12 +67,16 @@ describe(`load at 2× the concurrency limit (${FORM} form: ${FIGURES.loadSeconds
       const transportErrors: string[] = [];
       let n = 0;
       const end = Date.now() + FIGURES.loadSeconds * 1000;
+      const rss: number[] = [];
+      const sampler = setInterval(() => rss.push(s.rssBytes()), 1000);
       const sender = async (w: number) => {
         while (Date.now() < end) {
           const i = n++;
           const id = `load-${w}-${i}`;
           try {
-            const r = await score(s.url, key, smallBody(i), { "x-request-id": id });
+            // Every state new: each request misses the prefix cache and adds an entry.
+            const sent = smallBody(i);
+            const r = await score(s.url, key, { ...sent, state: `${sent.state} (message ${i})` }, { "x-request-id": id });
             const body = r.json as { usage?: { input_tokens: number }; detail?: unknown; model?: string } | null;
             outcomes.push({
               id,
@@ -87,6 +97,7 @@ describe(`load at 2× the concurrency limit (${FORM} form: ${FIGURES.loadSeconds
       const t0 = performance.now();
       await Promise.all(Array.from({ length: SENDERS }, (_, w) => sender(w)));
       const seconds = (performance.now() - t0) / 1000;
+      clearInterval(sampler);
 
       const ok = outcomes.filter((o) => o.status === 200);
       const refused = outcomes.filter((o) => o.status === 429);
@@ -153,6 +164,24 @@ describe(`load at 2× the concurrency limit (${FORM} form: ${FIGURES.loadSeconds
       // No slot is left taken: the gauge reads 0, and LIMIT requests at once are all admitted.
       const metricsText = (await call(s.url, "/metrics", { method: "GET" })).text;
       expect(metricsText).toMatch(/^assay_requests_in_flight 0$/m);
+
+      // The prefix cache held at most its budget while every request added a state, and it evicted to stay there.
+      const cacheBytes = sample(metricsText, "assay_prefix_cache_bytes");
+      const evictions = sample(metricsText, "assay_prefix_cache_evictions_total");
+      expect(cacheBytes).toBeGreaterThan(0);
+      expect(cacheBytes).toBeLessThanOrEqual(CACHE_MB * 2 ** 20);
+      expect(evictions).toBeGreaterThan(0);
+      const mib = (b: number) => Math.round(b / 2 ** 20);
+      const quarter = Math.max(1, Math.floor(rss.length / 4));
+      Object.assign(figures, {
+        prefixCacheBudgetMiB: CACHE_MB,
+        prefixCacheBytesAtEnd: cacheBytes,
+        prefixCacheEvictions: evictions,
+        prefixCacheMisses: sample(metricsText, 'assay_prefix_cache_lookups_total{result="miss"}'),
+        rssMiBFirstQuarterMax: mib(Math.max(...rss.slice(0, quarter))),
+        rssMiBLastQuarterMax: mib(Math.max(...rss.slice(-quarter))),
+        rssMiBPeak: mib(Math.max(...rss)),
+      });
       const again = await Promise.all(Array.from({ length: LIMIT }, (_, i) => score(s.url, key, smallBody(i))));
       expect(again.map((r) => r.status)).toEqual(Array(LIMIT).fill(200));
 
