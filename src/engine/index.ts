@@ -1,5 +1,5 @@
 import { AssayError } from "../errors/catalogue.js";
-import { generalPasses, shapeOf } from "../inference/cost.js";
+import { generalPasses, shapeOf, type PassShape } from "../inference/cost.js";
 import { continuePacked, pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
@@ -233,8 +233,41 @@ export class Engine {
    * gave for it, a content-free prior pass of each where `prior`, and a
    * second reading of the shortlisted questions.
    */
-  planGeneral(lb: LoadedBuild, passes: readonly (PackedRequest | PlannedPass)[], prior: boolean, shortlist: boolean): PlannedPass[] {
-    return generalPasses(lb.build.onnxPath, passes.map((p) => ("shape" in p ? p.shape : shapeOf(p))), prior, shortlist);
+  planGeneral(
+    lb: LoadedBuild,
+    passes: readonly (PackedRequest | PlannedPass)[],
+    prior: boolean,
+    shortlist: boolean,
+    /** The request's prefix and organization: passes are then planned as they will run, less what the caches hold. */
+    from?: { prefix: readonly number[]; orgId?: string | undefined },
+  ): PlannedPass[] {
+    const shapes = passes.map((p) => ("shape" in p ? p.shape : shapeOf(p)));
+    return generalPasses(lb.build.onnxPath, from ? this.asRun(lb, shapes, from.prefix, from.orgId) : shapes, prior, shortlist);
+  }
+
+  /**
+   * Pass shapes as `infer` will run them: a pass over the whole prefix
+   * computes only what neither the prefix cache (the first pass, when the
+   * organization's entry is there; every later pass, when the first keeps
+   * it) nor the preamble provides. An entry evicted between this estimate and
+   * the pass makes the pass slower than estimated: a rare mis-estimate, not a
+   * refusal of work that would fit.
+   */
+  private asRun(lb: LoadedBuild, shapes: readonly PassShape[], prefix: readonly number[], orgId?: string): PassShape[] {
+    if (!lb.build.manifest.kv) return [...shapes];
+    const held = prefix.length - COMPUTED_PREFIX_TOKENS;
+    const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
+    const ids = lb.preamble;
+    const pinned =
+      this.pinPreamble && ids.length >= MIN_CACHED_TOKENS && prefix.length - ids.length >= COMPUTED_PREFIX_TOKENS && ids.every((t, i) => prefix[i] === t);
+    const fromPreamble = pinned ? prefix.length - ids.length : prefix.length;
+    let first = caching && this.prefixes.has(lb.build.manifest.build_hash, orgId, BigInt64Array.from(prefix.slice(0, held), BigInt)) ? COMPUTED_PREFIX_TOKENS : fromPreamble;
+    return shapes.map((s) => {
+      if (s.prefix !== prefix.length) return s;
+      const computed = first;
+      if (caching) first = COMPUTED_PREFIX_TOKENS;
+      return { ...s, tokens: s.tokens - s.prefix + computed, prefix: computed };
+    });
   }
 
   /**

@@ -58,6 +58,12 @@ export class PrefixCache {
     return e.kv;
   }
 
+  /** Whether this partition holds `tokens`, without counting a lookup or touching its recency (admission's estimate). */
+  has(build: string, org: string | undefined, tokens: BigInt64Array): boolean {
+    const e = this.lru?.peek(this.key(build, org, tokens));
+    return e !== undefined && e.tokens.length === tokens.length && e.tokens.every((t, i) => t === Number(tokens[i]));
+  }
+
   set(build: string, org: string | undefined, tokens: BigInt64Array, kv: PrefixKv): void {
     if (!this.lru || kv.tokens !== tokens.length) return;
     const entry = { tokens: Int32Array.from(tokens, Number), kv };

@@ -162,7 +162,8 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
   // pass (or passes), and a content-free prior pass where the calibration weighs one in.
   const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)?.prior ?? {}).some((w) => w > 0);
   const passes = fitsOnePass(prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
-  const work = fam.engine.admit(fam.engine.planGeneral(lb, passes, priorPass, shortlisted(fam, lb, prepared).length > 0), ctx);
+  const planned = fam.engine.planGeneral(lb, passes, priorPass, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId });
+  const work = fam.engine.admit(planned, ctx);
   try {
     await ctx.admit?.(prepared.packed.promptTokens);
     const answers = await score(fam, lb, prepared, ctx);

@@ -91,6 +91,17 @@ describe("prefix cache", () => {
     }, 180_000);
   }
 
+  it("admission plans a pass as it will run: less the preamble on a miss, its last prefix tokens and questions on a hit", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const { packed, prefix } = prepare(lb, STATE, QUESTIONS);
+    const plan = (orgId: string) => pipeline.engine.planGeneral(lb, [packed], false, false, { prefix, orgId })[0]!.shape;
+    expect(plan("org-plan")).toMatchObject({ prefix: prefix.length - lb.preamble.length, tokens: packed.inputIds.length - lb.preamble.length });
+    await pipeline.engine.run(lb, packed, ctx("org-plan"));
+    expect(plan("org-plan")).toMatchObject({ prefix: COMPUTED_PREFIX_TOKENS, tokens: packed.inputIds.length - prefix.length + COMPUTED_PREFIX_TOKENS });
+    // Another organization's plan does not see the entry.
+    expect(plan("org-plan-other").prefix).toBe(prefix.length - lb.preamble.length);
+  }, 120_000);
+
   it("another question on a cached state: read from the cache, as it reads alone", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     await pipeline.engine.run(lb, prepare(lb, STATE, QUESTIONS).packed, ctx("org-new-question"));

@@ -49,7 +49,8 @@ function estimateOf(payload: ReturnType<typeof noul>): number {
   const prepared = prepare(lb, payload.state, payload.questions as never);
   // The pipeline plans a content-free prior pass too where the build's calibration weighs one in.
   const prior = Object.values(lb.build.manifest.calibration?.prior ?? {}).some((w) => w > 0);
-  return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], prior, false));
+  // Planned as the pipeline plans a first request on this state: a prefix cache miss, less the preamble.
+  return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], prior, false, { prefix: prepared.prefix }));
 }
 
 const post = (payload: object, key = t!.key, headers: Record<string, string> = {}) =>
