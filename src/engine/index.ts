@@ -60,8 +60,7 @@ export class Engine {
    */
   private async preambleOf(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<PrefixKv | undefined> {
     const ids = lb.preamble;
-    if (!this.pinPreamble || ids.length < MIN_CACHED_TOKENS || packed.prefixLength - ids.length < COMPUTED_PREFIX_TOKENS) return undefined;
-    if (!ids.every((t, i) => packed.inputIds[i] === BigInt(t))) return undefined;
+    if (this.pinnedLength(lb, packed.prefixLength, (i) => Number(packed.inputIds[i])) === 0) return undefined;
     // Keyed by the ids too: one build may be read with and without the worked examples (calibrate, tests).
     return this.preambles.get(`${lb.build.manifest.build_hash}:${ids.join(",")}`, async () => {
       // The preamble alone, reading one throwaway branch (the graph reads at least one).
@@ -71,6 +70,13 @@ export class Engine {
       if (!out.present || out.present.tokens !== ids.length) throw new AssayError("MODEL_FAILED", "the model returned no keys and values for the preamble");
       return out.present;
     });
+  }
+
+  /** The preamble's length when a prefix of `length` tokens (token i: `at(i)`) starts with it and computes at least COMPUTED_PREFIX_TOKENS past it; else 0. */
+  private pinnedLength(lb: LoadedBuild, length: number, at: (i: number) => number): number {
+    const ids = lb.preamble;
+    const pinned = this.pinPreamble && ids.length >= MIN_CACHED_TOKENS && length - ids.length >= COMPUTED_PREFIX_TOKENS && ids.every((t, i) => at(i) === t);
+    return pinned ? ids.length : 0;
   }
 
   /** Runs a packed pass: each branch's label log-probabilities (summed over the label's tokens), in branch order. */
@@ -257,10 +263,7 @@ export class Engine {
     if (!lb.build.manifest.kv) return [...shapes];
     const held = prefix.length - COMPUTED_PREFIX_TOKENS;
     const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
-    const ids = lb.preamble;
-    const pinned =
-      this.pinPreamble && ids.length >= MIN_CACHED_TOKENS && prefix.length - ids.length >= COMPUTED_PREFIX_TOKENS && ids.every((t, i) => prefix[i] === t);
-    const fromPreamble = pinned ? prefix.length - ids.length : prefix.length;
+    const fromPreamble = prefix.length - this.pinnedLength(lb, prefix.length, (i) => prefix[i]!);
     let first = caching && this.prefixes.has(lb.build.manifest.build_hash, orgId, BigInt64Array.from(prefix.slice(0, held), BigInt)) ? COMPUTED_PREFIX_TOKENS : fromPreamble;
     return shapes.map((s) => {
       if (s.prefix !== prefix.length) return s;
