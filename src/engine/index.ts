@@ -234,6 +234,13 @@ export class Engine {
     ];
   }
 
+  /** `plan`'s passes as `infer` will run them for this organization: less what the caches hold (asRun). */
+  planAsRun(lb: LoadedBuild, prefix: readonly number[], branches: readonly EncodedQuestion[], limit: number, orgId?: string, which?: readonly number[]): PlannedPass[] {
+    const planned = this.plan(lb, prefix.length, branches, limit, which);
+    const shapes = this.asRun(lb, planned.map((p) => p.shape), prefix, orgId);
+    return planned.map((p, i) => ({ ...p, shape: shapes[i]! }));
+  }
+
   /**
    * The passes of a general request: its packed pass or the passes `plan`
    * gave for it, a content-free prior pass of each where `prior`, and a

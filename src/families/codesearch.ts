@@ -113,8 +113,8 @@ export async function runCodeSearch(
     // Admission by estimated work before the hold (529 / 422 hold nothing): the
     // small build's passes, and the large build's for the share of items that
     // may escalate (replanned with the actual ones once they are known).
-    const escalating = large && encLarge ? plannedPasses(fam.engine, large, encLarge, limit, likelyEscalated(scored, (i) => encLarge.suffixTokens[i]!)) : [];
-    const work = fam.engine.admit([...plannedPasses(fam.engine, first, enc, limit, scored), ...escalating], ctx);
+    const escalating = large && encLarge ? plannedPasses(fam.engine, large, encLarge, limit, ctx.orgId, likelyEscalated(scored, (i) => encLarge.suffixTokens[i]!)) : [];
+    const work = fam.engine.admit([...plannedPasses(fam.engine, first, enc, limit, ctx.orgId, scored), ...escalating], ctx);
     try {
       // The hold covers the worst case: every scored item re-sent to the large build.
       await ctx.admit?.(billed(enc, scored) + (encLarge ? billed(encLarge, scored) : 0));
@@ -132,7 +132,7 @@ export async function runCodeSearch(
           band,
           () => fam.acquire(model.escalateTo!, env.model),
           async (idx) => {
-            work.replan(plannedPasses(fam.engine, large, encLarge, limit, idx));
+            work.replan(plannedPasses(fam.engine, large, encLarge, limit, ctx.orgId, idx));
             const r = await scoreYesNo(fam.engine, large, encLarge, limit, ctx, idx);
             inputTokens += billed(encLarge, idx);
             return idx.map((i) => r.p[i]!);

@@ -164,11 +164,11 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
 }
 
 /** The prior pass's shapes for admission (an upper bound: cached claims cost nothing). */
-function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[]) {
+function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], orgId: string | undefined) {
   const prior = priorOf(d.lb);
   if (!prior) return [];
   const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which));
+  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, orgId, readingsOf(d, which));
 }
 
 export async function runFactCheck(
@@ -212,8 +212,8 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, readingsOf(d, which))),
-      ...priorPasses(fam, d, which),
+      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx.orgId, readingsOf(d, which))),
+      ...priorPasses(fam, d, which, ctx.orgId),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
     const work = fam.engine.admit([...plan(small, all), ...escalating], ctx);

@@ -35,9 +35,12 @@ export function encodeBranches(
   return { prefix: prefixIds, branches, suffixTokens: branches.map((b) => b.suffix.length) };
 }
 
-/** The passes `scoreYesNo` will run for `which` branches (all when omitted), as shapes for the work admission. */
-export function plannedPasses(engine: Engine, lb: LoadedBuild, enc: EncodedBranches, limit: number, which?: readonly number[]): PlannedPass[] {
-  return engine.plan(lb, enc.prefix.length, enc.branches, limit, which);
+/**
+ * The passes `scoreYesNo` will run for `which` branches (all when omitted), as shapes for the work
+ * admission: as they will run for `orgId` (less the preamble, and what its prefix cache holds).
+ */
+export function plannedPasses(engine: Engine, lb: LoadedBuild, enc: EncodedBranches, limit: number, orgId: string | undefined, which?: readonly number[]): PlannedPass[] {
+  return engine.planAsRun(lb, enc.prefix, enc.branches, limit, orgId, which);
 }
 
 export interface YesNoScores {

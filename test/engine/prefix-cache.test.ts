@@ -10,6 +10,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
 import { prepare } from "../../src/families/general.js";
+import { encodeBranches, plannedPasses, scoreYesNo } from "../../src/families/yesno.js";
+import { factcheckClaim } from "../../src/prompt/families.js";
+import { buildPrefix } from "../../src/prompt/index.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import { metrics } from "../../src/observability/metrics.js";
@@ -100,6 +103,16 @@ describe("prefix cache", () => {
     expect(plan("org-plan")).toMatchObject({ prefix: COMPUTED_PREFIX_TOKENS, tokens: packed.inputIds.length - prefix.length + COMPUTED_PREFIX_TOKENS });
     // Another organization's plan does not see the entry.
     expect(plan("org-plan-other").prefix).toBe(prefix.length - lb.preamble.length);
+  }, 120_000);
+
+  it("the yes/no families' admission plans the same way: a second batch on a cached document is planned as a hit", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const enc = encodeBranches(lb, buildPrefix(lb.style, STATE), [factcheckClaim(lb.style, "The shoes arrived on 7 March.")]);
+    const limit = 8192;
+    const before = plannedPasses(pipeline.engine, lb, enc, limit, "org-plan-yesno")[0]!.shape;
+    expect(before.prefix).toBe(enc.prefix.length - lb.preamble.length);
+    await scoreYesNo(pipeline.engine, lb, enc, limit, ctx("org-plan-yesno"));
+    expect(plannedPasses(pipeline.engine, lb, enc, limit, "org-plan-yesno")[0]!.shape.prefix).toBe(COMPUTED_PREFIX_TOKENS);
   }, 120_000);
 
   it("another question on a cached state: read from the cache, as it reads alone", async () => {
