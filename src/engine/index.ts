@@ -349,7 +349,7 @@ class Preambles {
   get(key: string, compute: () => Promise<PrefixKv | undefined>): Promise<PrefixKv | undefined> {
     let p = this.kv.get(key);
     if (!p) {
-      // A failed computation (a request cut short) is not kept: the next pass tries again.
+      // A failed computation (a worker fault) is not kept: the next pass tries again.
       p = compute().catch((e: unknown) => {
         this.kv.delete(key);
         throw e;
