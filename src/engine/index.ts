@@ -61,8 +61,7 @@ export class Engine {
   private async preambleOf(lb: LoadedBuild, packed: PackedRequest, ctx: ScoreContext): Promise<PrefixKv | undefined> {
     const ids = lb.preamble;
     if (this.pinnedLength(lb, packed.prefixLength, (i) => Number(packed.inputIds[i])) === 0) return undefined;
-    // Keyed by the ids too: one build may be read with and without the worked examples (calibrate, tests).
-    return this.preambles.get(`${lb.build.manifest.build_hash}:${ids.join(",")}`, async () => {
+    return this.preambles.get(ids, async () => {
       // The preamble alone, reading one throwaway branch (the graph reads at least one).
       const alone = pack(ids, [{ suffix: [lb.terminator], labels: [[lb.terminator]], terminator: lb.terminator, billed: false }]);
       // Not under the request's signal: other requests may be waiting on the same keys and values.
@@ -251,11 +250,11 @@ export class Engine {
     passes: readonly (PackedRequest | PlannedPass)[],
     prior: boolean,
     shortlist: boolean,
-    /** The request's prefix and organization: passes are then planned as they will run, less what the caches hold. */
-    from?: { prefix: readonly number[]; orgId?: string | undefined },
+    /** The request's prefix and organization: passes are planned as they will run, less what the caches hold. */
+    from: { prefix: readonly number[]; orgId?: string | undefined },
   ): PlannedPass[] {
     const shapes = passes.map((p) => ("shape" in p ? p.shape : shapeOf(p)));
-    return generalPasses(lb.build.onnxPath, from ? this.asRun(lb, shapes, from.prefix, from.orgId) : shapes, prior, shortlist);
+    return generalPasses(lb.build.onnxPath, this.asRun(lb, shapes, from.prefix, from.orgId), prior, shortlist);
   }
 
   /**
@@ -338,15 +337,17 @@ export class Engine {
 }
 
 /**
- * Keys and values of a build's preamble (LoadedBuild.preamble), computed once
- * per build by the first pass that needs them and kept for the process: the
- * same tokens open every general prompt, whoever sends it, so holding them
- * tells no organization anything about another and needs no partition.
+ * Keys and values of a build's preamble, computed once per loaded build by
+ * the first pass that needs them: the same tokens open every general prompt,
+ * whoever sends it, so holding them tells no organization anything about
+ * another and needs no partition. Keyed by the loaded build's own preamble
+ * array (LoadedBuild.preamble), so an entry goes when its build is unloaded,
+ * and a build read with and without the worked examples has one of each.
  */
 class Preambles {
-  private readonly kv = new Map<string, Promise<PrefixKv | undefined>>();
+  private readonly kv = new WeakMap<readonly number[], Promise<PrefixKv | undefined>>();
 
-  get(key: string, compute: () => Promise<PrefixKv | undefined>): Promise<PrefixKv | undefined> {
+  get(key: readonly number[], compute: () => Promise<PrefixKv | undefined>): Promise<PrefixKv | undefined> {
     let p = this.kv.get(key);
     if (!p) {
       // A failed computation (a worker fault) is not kept: the next pass tries again.
