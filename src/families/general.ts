@@ -88,15 +88,15 @@ export function prepare(
   const prefix = lb.tokenizer.encode(prompt.prefix);
   const encoded: EncodedQuestion[] = [];
   const blocks: number[][] = [];
-  for (const [group, q] of prompt.questions.entries()) {
+  for (const q of prompt.questions) {
     const labels = q.labels.map((l) => labelIds(lb, l));
     const mine = [encoded.length];
     // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
-    encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined, group });
+    encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
     for (const [j, v] of (q.variants ?? []).entries()) {
       mine.push(encoded.length);
       const own = q.variantLabels?.[j];
-      encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false, group });
+      encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
     }
     blocks.push(mine);
   }

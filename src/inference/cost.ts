@@ -91,12 +91,6 @@ export interface BuildFacts {
  * doubling, as measured from 1 to 2 threads.
  */
 const REF = { parameters: 630_167_424, attention: 896 * 24, threads: 2, perToken: 1.83, perPair: 1.84e-3, perPass: 10 };
-/**
- * Attention pairs that cost what one token's linear layers cost, at the
- * reference fit (about 1,000; the 1.5B's prior scales both terms to ~1,200):
- * the rate at which the packer trades tokens for pairs (pack.ts blockUnits).
- */
-export const PAIRS_PER_TOKEN = REF.perToken / REF.perPair;
 /** A GPU runs a pass this many times faster than 2 CPU cores, before its first pass says otherwise (deliberately cautious). */
 const GPU_SPEEDUP = 20;
 

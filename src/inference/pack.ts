@@ -1,5 +1,3 @@
-import { attentionPairs, PAIRS_PER_TOKEN } from "./cost.js";
-
 /**
  * Packs one request into a single sequence for one forward pass.
  *
@@ -10,12 +8,6 @@ import { attentionPairs, PAIRS_PER_TOKEN } from "./cost.js";
  * whose subtree is everything; each question's block is a chain hanging off
  * the prefix; positions restart after the prefix for every block, so each
  * question sees exactly the tokens it would see alone.
- *
- * A question asked in several presentations (option-order debiasing) may
- * hang them off one block: their common leading tokens (the stem: the
- * question's line and the list's start) once, then each presentation's rest
- * as a chain off the stem (`group`, blockUnits). Each still sees the prefix,
- * the stem and its own rest, at the positions it has alone.
  *
  * Labels that need several tokens are scored exactly with a trie: every
  * internal trie node is one more token in its question's block, and the
@@ -35,13 +27,6 @@ export interface EncodedQuestion {
    * branches like any other but are not charged: the caller asked one question.
    */
   billed?: boolean;
-  /**
-   * Branches with the same group (one question's presentations) may share a
-   * block: their common leading suffix tokens (the stem) are then computed
-   * once, and each presentation continues it. Each still sees exactly the
-   * tokens, at the positions, it would see alone.
-   */
-  group?: number;
 }
 
 /** What the worker feeds to the graph: exactly the graph's inputs. */
@@ -116,26 +101,20 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
   const end: number[] = prefix.map(() => -1); // filled with T-1 at the end
   const gather: number[] = [];
   const targets: number[][] = [];
-  const readout: number[][][] = new Array(questions.length);
+  const readout: number[][][] = [];
   let promptTokens = prefix.length;
   const blocks: [number, number][] = [];
 
-  const tries = questions.map((q) => {
+  for (const q of questions) {
     if (q.suffix.length === 0) throw new Error("empty question suffix");
-    if (q.billed !== false) promptTokens += q.suffix.length;
-    return buildTrie(q.labels);
-  });
-
-  // One question's suffix after `from` shared tokens, then its label trie.
-  const emitQuestion = (qi: number, from: number): void => {
-    const q = questions[qi]!;
-    const { root, nested } = tries[qi]!;
-    const start = ids.length;
-    for (let i = from; i < q.suffix.length; i++) {
+    const blockStart = ids.length;
+    for (let i = 0; i < q.suffix.length; i++) {
       ids.push(q.suffix[i]!);
       pos.push(prefix.length + i);
-      end.push(-2); // the question's end, patched below
+      end.push(-2); // block end, patched below
     }
+    if (q.billed !== false) promptTokens += q.suffix.length;
+    const { root, nested } = buildTrie(q.labels);
     root.seq = ids.length - 1;
     const rootPos = prefix.length + q.suffix.length - 1;
 
@@ -153,7 +132,9 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
       }
     };
     emit(root, 0);
-    for (let i = start; i < start + q.suffix.length - from; i++) end[i] = ids.length - 1;
+    const blockEnd = ids.length - 1;
+    blocks.push([blockStart, ids.length - blockStart]);
+    for (let i = blockStart; i < blockStart + q.suffix.length; i++) end[i] = blockEnd;
 
     // One gathered row per node read from; columns: children, then terminator.
     const colOf = new Map<TrieNode, Map<number, number>>();
@@ -177,29 +158,18 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     };
     addRows(root);
 
-    readout[qi] = q.labels.map((toks) => {
-      const path: [TrieNode, number][] = [];
-      let node = root;
-      for (const t of toks) {
-        path.push([node, t]);
-        node = node.children.get(t)!;
-      }
-      if (nested) path.push([node, -1]);
-      return path.map(([n, t]) => encodeCell(n.row, colOf.get(n)!.get(t)!));
-    });
-  };
-
-  for (const unit of blockUnits(prefix.length, questions, tries)) {
-    const blockStart = ids.length;
-    const first = questions[unit.members[0]!]!;
-    for (let i = 0; i < unit.stem; i++) {
-      ids.push(first.suffix[i]!);
-      pos.push(prefix.length + i);
-      end.push(-4); // the block's end, patched below
-    }
-    for (const qi of unit.members) emitQuestion(qi, unit.stem);
-    for (let i = blockStart; i < blockStart + unit.stem; i++) end[i] = ids.length - 1;
-    blocks.push([blockStart, ids.length - blockStart]);
+    readout.push(
+      q.labels.map((toks) => {
+        const path: [TrieNode, number][] = [];
+        let node = root;
+        for (const t of toks) {
+          path.push([node, t]);
+          node = node.children.get(t)!;
+        }
+        if (nested) path.push([node, -1]);
+        return path.map(([n, t]) => encodeCell(n.row, colOf.get(n)!.get(t)!));
+      }),
+    );
   }
 
   const T = ids.length;
@@ -230,86 +200,6 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     branches: blocks.length,
     branchWidth: L,
   };
-}
-
-interface BlockUnit {
-  /** Question indices in the block, in input order. */
-  members: number[];
-  /** Leading suffix tokens the members share, computed once at the block's start. */
-  stem: number;
-  /** Tokens of the block. */
-  length: number;
-}
-
-/** Tokens a question's label trie adds to its block (pack's needsToken nodes). */
-function trieTokens({ root, nested }: { root: TrieNode; nested: boolean }): number {
-  let n = 0;
-  const walk = (t: TrieNode): void =>
-    t.children.forEach((c) => {
-      if (c.children.size > 0 || (nested && c.ends.length > 0)) {
-        n++;
-        walk(c);
-      }
-    });
-  walk(root);
-  return n;
-}
-
-/**
- * The blocks of a pass. Each question is its own block unless a group's
- * presentations share one behind their stem. Sharing saves the stem's tokens
- * for every presentation but the first, and widens the block: every block of
- * the pass is padded to the widest in the attention (pairs grow with blocks ×
- * width). So a group shares only where the pass's estimated work (tokens plus
- * attention pairs at the cost model's exchange rate) falls and its padded
- * attention rows (blocks × width, what bounds its memory) do not grow: each
- * group greedily, then every group at once, whichever is cheaper.
- */
-function blockUnits(prefixLength: number, questions: readonly EncodedQuestion[], tries: readonly { root: TrieNode; nested: boolean }[]): BlockUnit[] {
-  const own = questions.map((q, i) => q.suffix.length + trieTokens(tries[i]!));
-  const groups = new Map<number, number[]>();
-  const order: (number | number[])[] = [];
-  questions.forEach((q, i) => {
-    if (q.group === undefined) return order.push(i);
-    const g = groups.get(q.group);
-    if (g) return g.push(i);
-    const members = [i];
-    groups.set(q.group, members);
-    order.push(members);
-  });
-  // Each multi-member group: its stem and its length as one block (0: nothing to share).
-  const shared = new Map<number[], { stem: number; length: number }>();
-  for (const u of order) {
-    if (typeof u === "number" || u.length < 2) continue;
-    const suffixes = u.map((i) => questions[i]!.suffix);
-    // A presentation keeps at least its last suffix token: its answer is read there.
-    const most = Math.min(...suffixes.map((x) => x.length)) - 1;
-    let stem = 0;
-    while (stem < most && suffixes.every((x) => x[stem] === suffixes[0]![stem])) stem++;
-    if (stem > 0) shared.set(u, { stem, length: stem + u.reduce((s, i) => s + own[i]! - stem, 0) });
-  }
-  const alone = (i: number): BlockUnit => ({ members: [i], stem: 0, length: own[i]! });
-  const layout = (merged: ReadonlySet<number[]>): BlockUnit[] =>
-    order.flatMap((u) => (typeof u === "number" ? [alone(u)] : merged.has(u) ? [{ members: u, ...shared.get(u)! }] : u.map(alone)));
-  const measure = (units: BlockUnit[]) => {
-    const tokens = prefixLength + units.reduce((a, b) => a + b.length, 0);
-    const width = Math.max(...units.map((b) => b.length));
-    const work = tokens + attentionPairs({ tokens, prefix: prefixLength, branches: units.length, width }) / PAIRS_PER_TOKEN;
-    return { work, rows: units.length * width };
-  };
-  let merged = new Set<number[]>();
-  if (shared.size === 0) return layout(merged);
-  const none = measure(layout(merged));
-  let best = none;
-  for (const g of shared.keys()) {
-    const trial = new Set(merged).add(g);
-    const m = measure(layout(trial));
-    if (m.work < best.work && m.rows <= none.rows) [merged, best] = [trial, m];
-  }
-  const all = new Set(shared.keys());
-  const m = measure(layout(all));
-  if (m.work < best.work && m.rows <= none.rows) merged = all;
-  return layout(merged);
 }
 
 // (row, col) packed into one number until the final width is known.
