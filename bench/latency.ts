@@ -23,7 +23,7 @@ import type { FastifyInstance } from "fastify";
 import { openAccounts } from "../src/accounts/index.js";
 import { buildApp } from "../src/app.js";
 import { ROOT, loadConfig, type Config } from "../src/config/index.js";
-import { branchCost, type LoadedBuild } from "../src/engine/index.js";
+import { branchCost, passLimit, type LoadedBuild } from "../src/engine/index.js";
 import { prepare, readBranches, type PreparedRequest } from "../src/families/general.js";
 import { EnginePipeline } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
@@ -230,7 +230,7 @@ function requester(h: Harness, layer: Layer, w: Work): () => Promise<unknown> {
   switch (layer) {
     case "engine":
       // One pass, or several over the same state where the request exceeds the pass limit (as the pipeline reads it).
-      return () => readBranches(h.engine.engine, h.lb, w.prepared, Math.min(h.config.maxPackedTokens, h.lb.build.manifest.context_length), {});
+      return () => readBranches(h.engine.engine, h.lb, w.prepared, passLimit(h.lb, h.config.maxPackedTokens), {});
     case "pipeline":
       return () => h.engine.run(w.env, { requestId: `bench-${n++}`, orgId: "bench", timings: new Timings() });
     case "http": {
@@ -503,7 +503,7 @@ export async function latency(o: LatencyOptions): Promise<LatencyReport> {
       for (const cell of o.cells) {
         log(`latency: burst ${cellName(cell)} (${o.warmup} warm-up + ${o.requests} measured per layer)`);
         const w = work(h.lb, o.model, cell, states);
-        const limit = Math.min(config.maxPackedTokens, h.lb.build.manifest.context_length);
+        const limit = passLimit(h.lb, config.maxPackedTokens);
         // Refused as the pipeline refuses it: the state and one question do not fit in a pass.
         const widest = Math.max(...w.prepared.encoded.map(branchCost));
         if (w.prepared.prefix.length + widest > limit) {

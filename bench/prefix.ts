@@ -15,7 +15,7 @@
  * Memory: the process RSS and the cache's bytes at the end.
  */
 import os from "node:os";
-import { Engine, type LoadedBuild } from "../src/engine/index.js";
+import { Engine, passLimit, type LoadedBuild } from "../src/engine/index.js";
 import { loadConfig } from "../src/config/index.js";
 import { prepare, readBranches } from "../src/families/general.js";
 import { pack } from "../src/inference/pack.js";
@@ -54,7 +54,7 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
   const config = loadConfig({ ...process.env, LOG_LEVEL: "silent", ASSAY_PREFIX_CACHE_MB: String(o.cacheMb) });
   const pipeline = await EnginePipeline.create(config);
   const lb = pipeline.build(o.model);
-  const limit = Math.min(config.maxPackedTokens, lb.build.manifest.context_length);
+  const limit = passLimit(lb, config.maxPackedTokens);
   // The same pool without a cache or the pinned preamble (the engine before either): the baseline of every figure.
   const plain = new Engine(pipeline.pool, undefined, false);
   // The pinned preamble alone: what a miss adds on top of it.

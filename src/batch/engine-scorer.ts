@@ -4,6 +4,7 @@
  */
 import type { Config } from "../config/index.js";
 import { isAssayError } from "../errors/catalogue.js";
+import { passLimit } from "../engine/index.js";
 import { prepare } from "../families/general.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { Timings } from "../pipeline/timings.js";
@@ -57,7 +58,7 @@ export class EngineScorer implements Scorer {
       prefixTokens: packed.prefixLength,
       questionTokens: packed.promptTokens - packed.prefixLength,
       blockTokens: packed.inputIds.length - packed.prefixLength,
-      maxPackedTokens: Math.min(this.config.maxPackedTokens, lb.build.manifest.context_length),
+      maxPackedTokens: passLimit(lb, this.config.maxPackedTokens),
     };
   }
 

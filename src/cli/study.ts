@@ -10,6 +10,7 @@ import path from "node:path";
 import { type Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
+import { passLimit } from "../engine/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { readDataset } from "../eval/datasets.js";
 import { collectStudy, type StudyRow } from "../eval/study.js";
@@ -106,7 +107,7 @@ export function registerStudyCommand(program: Command, io: CliIO): void {
           const rows = await collectStudy(o.reportOnly ? { ...ds, items: [] } : ds, file, {
             lb,
             engine: pipeline.engine,
-            maxTokens: Math.min(config.maxPackedTokens, lb.build.manifest.context_length),
+            maxTokens: passLimit(lb, config.maxPackedTokens),
             before: o.before,
             onRow: () => bar.increment(),
           });

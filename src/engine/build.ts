@@ -39,6 +39,11 @@ export function preambleIds(tokenizer: TextTokenizer, style: PromptStyle): numbe
 }
 
 
+/** The most tokens one pass of `lb` may pack: ASSAY_MAX_PACKED_TOKENS (`maxPackedTokens`) within the model's context. */
+export function passLimit(lb: LoadedBuild, maxPackedTokens: number): number {
+  return Math.min(maxPackedTokens, lb.build.manifest.context_length);
+}
+
 /** Token ids of an answer label, tokenized once per build (bounded cache). */
 export function labelIds(lb: LoadedBuild, label: string): number[] {
   let ids = lb.labelCache.get(label);

@@ -14,7 +14,7 @@ export type { EncodedQuestion, PackedRequest, PlannedPass };
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
 export { pack };
 export { likelyEscalated } from "../inference/work.js";
-export { labelIds, loadBuild, preambleIds, type LoadedBuild } from "./build.js";
+export { labelIds, loadBuild, passLimit, preambleIds, type LoadedBuild } from "./build.js";
 export { NEUTRAL_STATE, PriorCache, subtractPrior } from "./prior.js";
 export { PrefixCache } from "./prefix-cache.js";
 

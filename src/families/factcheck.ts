@@ -8,7 +8,7 @@ import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
 import { buildPrefix, isStatement } from "../prompt/index.js";
-import { branchCost, likelyEscalated, NEUTRAL_STATE, type LoadedBuild } from "../engine/index.js";
+import { branchCost, likelyEscalated, NEUTRAL_STATE, passLimit, type LoadedBuild } from "../engine/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
@@ -196,7 +196,7 @@ export async function runFactCheck(
     const small = encodeDocument(first, document, claims, chunkTokens, overlap);
     const big = large ? encodeDocument(large, document, claims, chunkTokens, overlap) : null;
     ctx.timings.add("tokenize", performance.now() - t0);
-    const limit = Math.min(fam.maxPackedTokens, first.build.manifest.context_length);
+    const limit = passLimit(first, fam.maxPackedTokens);
     const longest = Math.max(...small.prefixes.map((x) => x.length));
     all.forEach((i) => {
       const b = small.claims.branches[i]!;

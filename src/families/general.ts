@@ -1,5 +1,5 @@
 import { invalid } from "../errors/catalogue.js";
-import { branchCost, labelIds, pack, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type ScoreContext } from "../engine/index.js";
+import { branchCost, labelIds, pack, passLimit, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type ScoreContext } from "../engine/index.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
@@ -126,8 +126,6 @@ export function prepare(
   };
 }
 
-/** The pass limit for a build: ASSAY_MAX_PACKED_TOKENS within the model's context. */
-const passLimit = (fam: FamilyEnv, lb: LoadedBuild) => Math.min(fam.maxPackedTokens, lb.build.manifest.context_length);
 
 /** Whether the prepared request is one pass (the fast path) or several over the same prefix. */
 const fitsOnePass = (prepared: PreparedRequest, limit: number) => prepared.packed.inputIds.length <= limit;
@@ -145,7 +143,7 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
   const parsed = generalQuestions().safeParse(env.questions);
   if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
   const lb = fam.build(model.build);
-  const limit = passLimit(fam, lb);
+  const limit = passLimit(lb, fam.maxPackedTokens);
   const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias });
   // The questions are read in as many passes as they need; the state with one
   // question must fit in the model's context (a build that takes past keys and
@@ -246,7 +244,7 @@ function shortlisted(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest)
 
 /** Per question, its options' log-probabilities: every presentation read, the prior taken off, averaged. */
 async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<number[][]> {
-  const lps = await readBranches(fam.engine, lb, prepared, passLimit(fam, lb), ctx);
+  const lps = await readBranches(fam.engine, lb, prepared, passLimit(lb, fam.maxPackedTokens), ctx);
   const priors = await readPriors(fam, lb, prepared, fit, ctx);
   return prepared.questions.map((q) => {
     const w = fit?.prior?.[q.type] ?? 0;
@@ -269,7 +267,7 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
 async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
   const out = new Map<number, number[]>();
   if (!fit?.prior) return out;
-  const limit = passLimit(fam, lb);
+  const limit = passLimit(lb, fam.maxPackedTokens);
   // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
   const byNeutral = new Map<string, number[]>();
   prepared.questions.forEach((q) => {
