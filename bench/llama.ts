@@ -39,15 +39,17 @@ export interface LlamaBaseline {
 }
 
 const BUILD_SCRIPT = path.join(ROOT, "scripts", "build-llama.mjs");
-const BIN = path.join(ROOT, ".cache", "llama.cpp", "0.3.36-native", "bin");
-
-/** Builds the native llama.cpp when it is not there yet (about 10 minutes on 2 cores), then returns its bin folder. */
+/**
+ * The native llama.cpp's bin folder, as scripts/build-llama.mjs reports it on
+ * stdout: the script pins the version, returns at once when its build is up
+ * to date, and builds it otherwise (about 10 minutes on 2 cores).
+ */
 function ensureBuilt(): string {
-  if (!fs.existsSync(path.join(BIN, "llama-server")) || !fs.existsSync(path.join(BIN, "..", "build.json"))) {
-    const r = spawnSync(process.execPath, [BUILD_SCRIPT], { stdio: "inherit" });
-    if (r.status !== 0) throw new Error(`scripts/build-llama.mjs failed (exit ${r.status ?? r.signal})`);
-  }
-  return BIN;
+  const r = spawnSync(process.execPath, [BUILD_SCRIPT], { stdio: ["ignore", "pipe", "inherit"], encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`scripts/build-llama.mjs failed (exit ${r.status ?? r.signal})`);
+  const bin = r.stdout.trim().split("\n").at(-1) ?? "";
+  if (!fs.existsSync(path.join(bin, "llama-server"))) throw new Error(`scripts/build-llama.mjs reported no llama-server in "${bin}"`);
+  return bin;
 }
 
 function freePort(): Promise<number> {
@@ -85,7 +87,8 @@ interface Timings {
 export async function openLlama(opts: { gguf: string; threads: number; contextSize: number }): Promise<LlamaBaseline> {
   if (!fs.existsSync(opts.gguf)) throw new Error(`GGUF file ${opts.gguf} does not exist (run npm start or npm test once to bootstrap it, or pass --gguf)`);
   const bin = ensureBuilt();
-  const build = JSON.parse(fs.readFileSync(path.join(path.dirname(bin), "build.json"), "utf8")) as { llama_cpp_commit: string; compiler: string };
+  const build = JSON.parse(fs.readFileSync(path.join(path.dirname(bin), "build.json"), "utf8")) as { key: string; llama_cpp_commit: string; compiler: string };
+  const sdist = (JSON.parse(build.key) as { sdist: { name: string; version: string } }).sdist;
   const pp512TokS = llamaBench(bin, opts.gguf, opts.threads);
   const port = await freePort();
   const args = [
@@ -139,7 +142,7 @@ export async function openLlama(opts: { gguf: string; threads: number; contextSi
 
   return {
     description:
-      `llama.cpp ${build.llama_cpp_commit} (llama-cpp-python 0.3.36 sdist) built from source, GGML_NATIVE=ON, Release, ${build.compiler}; ` +
+      `llama.cpp ${build.llama_cpp_commit} (${sdist.name} ${sdist.version} sdist) built from source, GGML_NATIVE=ON, Release, ${build.compiler}; ` +
       `llama-server, ${opts.threads} threads, context ${props.default_generation_settings?.n_ctx ?? opts.contextSize}, 1 slot, default batch sizes; ` +
       `time = the server's prompt_ms` + (pp512TokS ? `; llama-bench pp512 ${pp512TokS} tok/s` : ""),
     pp512TokS,

@@ -8,7 +8,9 @@
 //
 // Output: .cache/llama.cpp/<version>-native/bin/{llama-server,llama-bench}
 // plus build.json (version, flags, compiler, CPU). Git-ignored, never
-// committed. A second run with nothing changed returns at once.
+// committed. A second run with nothing changed returns at once. Its stdout is
+// the bin folder alone (everything else goes to stderr), so the bench asks
+// this script where the build is instead of knowing the version itself.
 //
 // Node built-ins only, like bootstrap.mjs. Needs cmake and a C++17 compiler.
 // Takes about 10 minutes on 2 cores.
@@ -47,7 +49,8 @@ const bin = path.join(out, "bin");
 const stampFile = path.join(out, "build.json");
 
 function run(cmd, argv, opts = {}) {
-  const r = spawnSync(cmd, argv, { stdio: "inherit", ...opts });
+  // The tools' own output goes to stderr: stdout carries only the bin folder.
+  const r = spawnSync(cmd, argv, { stdio: ["inherit", 2, 2], ...opts });
   if (r.status !== 0) {
     say(`failed: ${cmd} ${argv.join(" ")} (exit ${r.status ?? r.signal})`);
     process.exit(r.status || 1);
@@ -61,6 +64,7 @@ if (fs.existsSync(stampFile) && TARGETS.every((t) => fs.existsSync(path.join(bin
   const stamp = JSON.parse(fs.readFileSync(stampFile, "utf8"));
   if (stamp.key === want) {
     say(`up to date: ${bin}`);
+    process.stdout.write(`${bin}\n`);
     process.exit(0);
   }
 }
@@ -101,3 +105,4 @@ fs.writeFileSync(
   JSON.stringify({ key: want, llama_cpp_commit: "0c1e570", compiler: cxx, cpu, built_at: new Date().toISOString() }, null, 2) + "\n",
 );
 say(`done: ${bin}`);
+process.stdout.write(`${bin}\n`);
