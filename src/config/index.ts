@@ -104,10 +104,10 @@ const Env = z.object({
 
   // Operating it (README, "Operating it").
   /** A request's deadline, from arrival to answer, in milliseconds; past it → 504 and its queued work is dropped. */
-  ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000).meta({ doc: "a request's deadline from arrival; past it → 504, queued work dropped, no charge. A request that would not finish by it is refused at admission (529); one whose own estimated work needs longer gets its estimate × 3; an admitted one runs until twice its estimated finish where that is later" }),
+  ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000).meta({ doc: "a request's deadline from arrival; past it → 504, queued work dropped, no charge. A request that would not finish by it is refused at admission (529); one whose own estimated work needs longer gets its estimate × 4; an admitted one runs until twice its estimated finish where that is later" }),
   /**
    * The longest deadline a request's estimated work may earn (ms): one whose own work needs longer than
-   * ASSAY_REQUEST_TIMEOUT_MS gets its estimate × 3 (DEADLINE_MARGIN), up to this; work beyond it is refused up front (422).
+   * ASSAY_REQUEST_TIMEOUT_MS gets its estimate × 4 (DEADLINE_MARGIN), up to this; work beyond it is refused up front (422).
    */
   ASSAY_REQUEST_TIMEOUT_MAX_MS: z.coerce.number().int().min(1).default(600_000).meta({ doc: "the longest deadline a request's estimated work can earn; work that cannot finish within it even on an idle machine is refused up front (422). Read as `ASSAY_REQUEST_TIMEOUT_MS` when smaller. Behind a proxy, its read timeout must exceed this" }),
   /** On SIGTERM, seconds in-flight requests get to finish before they are cancelled (503, no charge). */

@@ -240,6 +240,9 @@ describe("the admission policy", () => {
     expect(judge({ ...base, ownMs: 40_000, waitMs: 0 })).toEqual({ deadlineMs: 40_000 * DEADLINE_MARGIN, refused: null, retryAfterS: 0 });
     // Two such requests sent together: the second waits for the first and is still admitted.
     expect(judge({ ...base, ownMs: 40_000, waitMs: 40_000 }).refused).toBeNull();
+    // ... though the first is the larger: a 64 s code search request behind a 92 s one (the dev data's pair
+    // that a margin of 3 refused).
+    expect(judge({ ...base, ownMs: 64_000, waitMs: 92_000 }).refused).toBeNull();
     expect(judge({ ...base, ownMs: 300_000, waitMs: 0 }).deadlineMs).toBe(600_000);
   });
 
