@@ -38,7 +38,6 @@ export function preambleIds(tokenizer: TextTokenizer, style: PromptStyle): numbe
   return starts("x") && starts("{\"a\":1}") ? ids : [];
 }
 
-
 /** The most tokens one pass of `lb` may pack: ASSAY_MAX_PACKED_TOKENS (`maxPackedTokens`) within the model's context. */
 export function passLimit(lb: LoadedBuild, maxPackedTokens: number): number {
   return Math.min(maxPackedTokens, lb.build.manifest.context_length);

@@ -144,7 +144,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   const bestChunk = new Array<number>(n).fill(0);
   const branches = readingsOf(d, which);
   for (const [ci, prefix] of d.prefixes.entries()) {
-    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx, branches);
+    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), ctx, branches);
     for (const i of which) {
       const q = claimProbability(d, r.p, i);
       if (!(p[i]! >= q)) {
@@ -155,7 +155,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   }
   const prior = priorOf(d.lb);
   if (prior) {
-    const reads = await fam.engine.prior(d.lb, prior.state, branches.map((b) => d.claims.branches[b]!), fam.maxPackedTokens, ctx);
+    const reads = await fam.engine.prior(d.lb, prior.state, branches.map((b) => d.claims.branches[b]!), passLimit(d.lb, fam.maxPackedTokens), ctx);
     const neutral = new Array<number>(d.claims.branches.length).fill(Number.NaN);
     branches.forEach((b, k) => (neutral[b] = yesProbability(reads[k]!)));
     for (const i of which) p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(claimProbability(d, neutral, i)));
@@ -168,7 +168,7 @@ function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[
   const prior = priorOf(d.lb);
   if (!prior) return [];
   const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, orgId, readingsOf(d, which));
+  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), orgId, readingsOf(d, which));
 }
 
 export async function runFactCheck(
@@ -212,7 +212,7 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, fam.maxPackedTokens, ctx.orgId, readingsOf(d, which))),
+      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), ctx.orgId, readingsOf(d, which))),
       ...priorPasses(fam, d, which, ctx.orgId),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
