@@ -59,6 +59,8 @@ interface EncodedDocument {
    */
   claims: EncodedBranches;
   second: (number | null)[];
+  /** The most tokens one pass of `lb` packs (passLimit): every pass of this encoding is planned within it. */
+  limit: number;
 }
 
 /** The branches that read `which` claims: each claim's yes/no reading and, for a statement, its true/false one. */
@@ -72,7 +74,7 @@ function claimProbability(d: EncodedDocument, p: readonly number[], i: number): 
   return j === null || j === undefined ? p[i]! : sigmoid((logit(p[i]!) + logit(p[j]!)) / 2);
 }
 
-function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number): EncodedDocument {
+function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number, maxPackedTokens: number): EncodedDocument {
   const { head, tail } = factcheckPrefixParts(lb.style);
   const docIds = lb.tokenizer.encode(document);
   // A document of one window is encoded with the text around it, as the general family encodes its
@@ -97,7 +99,7 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
     ...claims.map((c) => factcheckClaim(lb.style, c)),
     ...claims.flatMap((c, i) => (statements[i] ? [factcheckClaimTrueFalse(lb.style, c)] : [])),
   ];
-  return { lb, prefixes, claims: encodeBranches(lb, [], texts), second };
+  return { lb, prefixes, claims: encodeBranches(lb, [], texts), second, limit: passLimit(lb, maxPackedTokens) };
 }
 
 /** Tokens billed for `which` claims: each chunk's prefix plus those claims as written (yes/no reading), per chunk. */
@@ -144,7 +146,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   const bestChunk = new Array<number>(n).fill(0);
   const branches = readingsOf(d, which);
   for (const [ci, prefix] of d.prefixes.entries()) {
-    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), ctx, branches);
+    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx, branches);
     for (const i of which) {
       const q = claimProbability(d, r.p, i);
       if (!(p[i]! >= q)) {
@@ -155,7 +157,7 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   }
   const prior = priorOf(d.lb);
   if (prior) {
-    const reads = await fam.engine.prior(d.lb, prior.state, branches.map((b) => d.claims.branches[b]!), passLimit(d.lb, fam.maxPackedTokens), ctx);
+    const reads = await fam.engine.prior(d.lb, prior.state, branches.map((b) => d.claims.branches[b]!), d.limit, ctx);
     const neutral = new Array<number>(d.claims.branches.length).fill(Number.NaN);
     branches.forEach((b, k) => (neutral[b] = yesProbability(reads[k]!)));
     for (const i of which) p[i] = sigmoid(logit(p[i]!) - prior.weight * logit(claimProbability(d, neutral, i)));
@@ -168,7 +170,7 @@ function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[
   const prior = priorOf(d.lb);
   if (!prior) return [];
   const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), orgId, readingsOf(d, which));
+  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, orgId, readingsOf(d, which));
 }
 
 export async function runFactCheck(
@@ -193,18 +195,17 @@ export async function runFactCheck(
   const release = fam.acquire(model.build, env.model);
   try {
     const t0 = performance.now();
-    const small = encodeDocument(first, document, claims, chunkTokens, overlap);
-    const big = large ? encodeDocument(large, document, claims, chunkTokens, overlap) : null;
+    const small = encodeDocument(first, document, claims, chunkTokens, overlap, fam.maxPackedTokens);
+    const big = large ? encodeDocument(large, document, claims, chunkTokens, overlap, fam.maxPackedTokens) : null;
     ctx.timings.add("tokenize", performance.now() - t0);
-    const limit = passLimit(first, fam.maxPackedTokens);
     const longest = Math.max(...small.prefixes.map((x) => x.length));
     all.forEach((i) => {
       const b = small.claims.branches[i]!;
       const widest = Math.max(...readingsOf(small, [i]).map((j) => branchCost(small.claims.branches[j]!)));
-      if (longest + widest > limit) {
+      if (longest + widest > small.limit) {
         throw invalid(
           `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document window of ${longest} tokens ` +
-            `it exceeds the ${limit}-token limit of one pass; send a shorter claim`,
+            `it exceeds the ${small.limit}-token limit of one pass; send a shorter claim`,
         );
       }
     });
@@ -212,7 +213,7 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, passLimit(d.lb, fam.maxPackedTokens), ctx.orgId, readingsOf(d, which))),
+      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx.orgId, readingsOf(d, which))),
       ...priorPasses(fam, d, which, ctx.orgId),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
