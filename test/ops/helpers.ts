@@ -11,6 +11,7 @@ import type { FastifyBaseLogger, FastifyInstance } from "fastify";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { buildApp } from "../../src/app.js";
 import { loadConfig, type Config } from "../../src/config/index.js";
+import { prepare } from "../../src/families/general.js";
 import { Lifecycle } from "../../src/http/lifecycle.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Pipeline } from "../../src/pipeline/types.js";
@@ -74,11 +75,39 @@ export const body = (state = "The parcel arrived two weeks late and the box was 
   },
 });
 
-/** Resolves once `check` holds, polling every 10 ms; throws after `ms` (a generous bound, never a timing assertion). */
-export async function until(check: () => boolean | Promise<boolean>, what: string, ms = 10_000): Promise<void> {
+/** The engine's current estimate (ms) for a general request, as the pipeline will plan it. */
+export function estimateMs(engine: EnginePipeline, payload: { model: string; state: string; questions: object }): number {
+  const lb = engine.build(payload.model);
+  const prepared = prepare(lb, payload.state, payload.questions as never);
+  // The pipeline plans a content-free prior pass too where the build's calibration weighs one in.
+  const prior = Object.values(lb.build.manifest.calibration?.prior ?? {}).some((w) => w > 0);
+  // Planned as the pipeline plans a first request on this state: a prefix cache miss, less the preamble.
+  return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], prior, false, { prefix: prepared.prefix }));
+}
+
+/**
+ * Resolves once `check` holds, polling every 10 ms; throws after `ms` (a
+ * generous bound, never a timing assertion). With `pending`, the request the
+ * wait is about: if it is answered first, the check can never hold, so it
+ * throws at once with the answer (a refusal under a loaded machine, say)
+ * instead of waiting out the bound and saying nothing of why.
+ */
+export async function until(
+  check: () => boolean | Promise<boolean>,
+  what: string,
+  ms = 10_000,
+  pending?: Promise<{ statusCode: number; body: string }>,
+): Promise<void> {
+  let answered: { statusCode: number; body: string } | null = null;
+  void pending?.then(
+    (r) => (answered = r),
+    (e: unknown) => (answered = { statusCode: 0, body: String(e) }),
+  );
   const end = Date.now() + ms;
   while (Date.now() < end) {
     if (await check()) return;
+    const a = answered as { statusCode: number; body: string } | null;
+    if (a) throw new Error(`${what}: never happened, the request was answered first: ${a.statusCode} ${a.body}`);
     await new Promise((r) => setTimeout(r, 10));
   }
   throw new Error(`timed out waiting for ${what}`);
