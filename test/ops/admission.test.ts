@@ -30,8 +30,8 @@ afterAll(async () => {
 afterEach(async () => {
   stalled?.();
   stalled = null;
-  await until(() => engine.pool.running === 0 && engine.pool.queued === 0, "the lane to be idle", 60_000);
-  if (t) await until(() => t!.lifecycle.inFlightCount === 0, "every request to release its hold", 60_000);
+  await until(() => engine.pool.running === 0 && engine.pool.queued === 0, "the lane to be idle", { ms: 60_000 });
+  if (t) await until(() => t!.lifecycle.inFlightCount === 0, "every request to release its hold", { ms: 60_000 });
   await t?.close();
   t = null;
 });
@@ -42,8 +42,6 @@ const longState = (words: number) =>
   Array.from({ length: words }, (_, i) => ["the", "parcel", "arrived", "late", "and", "the", "box", "was", "crushed"][i % 9]).join(" ");
 const noul = (state: string) => ({ model: "judge-latest", state, questions: { late: { type: "noul", instructions: "The delivery was late." } } });
 
-const estimateOf = (payload: ReturnType<typeof noul>) => estimateMs(engine, payload);
-
 const post = (payload: object, key = t!.key, headers: Record<string, string> = {}) =>
   t!.app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${key}`, ...headers }, payload });
 const metricsText = async () => (await t!.app.inject({ method: "GET", url: "/metrics" })).body;
@@ -51,19 +49,19 @@ const metricsText = async () => (await t!.app.inject({ method: "GET", url: "/met
 describe("529 by estimated work", () => {
   it("a request that would not finish by its deadline is refused at once: Retry-After, the wait and the deadline in the detail, no hold", async () => {
     const big = noul(longState(180));
-    const est = estimateOf(big);
+    const est = estimateMs(engine, big);
     // Room for one such request behind the stalled one, not for two, at the headroom admission uses now
     // (above SAFETY after passes slowed by a loaded machine overran their estimates). The stalled
     // request's own estimate counts: on a loaded 2-core machine a one-line request's fixed cost per
     // pass made it 0.6 of the long one's, more than a deadline derived from the long one alone allowed.
-    const deadline = Math.ceil(engine.pool.safety() * (estimateOf(noul(SHORT)) + 1.5 * est));
+    const deadline = Math.ceil(engine.pool.safety() * (estimateMs(engine, noul(SHORT)) + 1.5 * est));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(deadline) });
     const refusedBefore = sample(await metricsText(), "assay_admission_refused_total", { reason: "deadline" });
     const release = stall();
     const a = post(noul(SHORT));
-    await until(() => engine.pool.running === 1, "the first request to reach the worker", 10_000, a);
+    await until(() => engine.pool.running === 1, "the first request to reach the worker", { pending: a });
     const b = post(big);
-    await until(() => engine.pool.queued === 1, "the second request to queue", 10_000, b);
+    await until(() => engine.pool.queued === 1, "the second request to queue", { pending: b });
     expect(engine.pool.pending().tokens).toBeGreaterThan(150);
     const c = await post(big);
     const detail = expectSpecError(c, 529);
@@ -92,7 +90,7 @@ describe("529 by estimated work", () => {
 describe("deadlines by work", () => {
   it("a request whose own work needs more than the default deadline gets a later one, and is answered", async () => {
     const payload = noul(longState(120));
-    const est = estimateOf(payload);
+    const est = estimateMs(engine, payload);
     // A default deadline the request could never meet: without deadlines by work it would be a 504.
     const short = Math.max(20, Math.floor(est / 4));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(short) });
@@ -107,7 +105,7 @@ describe("deadlines by work", () => {
 
   it("work beyond ASSAY_REQUEST_TIMEOUT_MAX_MS is refused up front with 422 naming it; no hold, nothing run", async () => {
     const payload = noul(longState(120));
-    const est = estimateOf(payload);
+    const est = estimateMs(engine, payload);
     const cap = Math.max(2, Math.floor(est / 2));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(Math.max(1, Math.floor(cap / 2))), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(cap) });
     const before = sample(await metricsText(), "assay_admission_refused_total", { reason: "too_large" });
@@ -155,12 +153,12 @@ describe("fair between organizations", () => {
     const finished: string[] = [];
     const track = (name: string, p: ReturnType<typeof post>) => p.then((r) => (finished.push(name), r));
     const first = track("acme-0", post(noul(SHORT)));
-    await until(() => engine.pool.running === 1, "the first request to reach the worker", 10_000, first);
+    await until(() => engine.pool.running === 1, "the first request to reach the worker", { pending: first });
     // Three more: the organization's limit before a purchase is 4 in flight.
     const flood = Array.from({ length: 3 }, (_, i) => track(`acme-${i + 1}`, post(noul(`${SHORT} Case ${i}.`))));
     await until(() => engine.pool.queued === 3, "the organization's requests to queue");
     const single = track("beta", post(noul("Thanks, the refund came through."), other.key));
-    await until(() => engine.pool.queued === 4, "the other organization's request to queue", 10_000, single);
+    await until(() => engine.pool.queued === 4, "the other organization's request to queue", { pending: single });
     release();
     const all = await Promise.all([first, ...flood, single]);
     expect(all.map((r) => r.statusCode)).toEqual(Array(5).fill(200));
@@ -176,7 +174,7 @@ describe("a short pass beside a long one (the express worker)", () => {
     t = await makeOpsApp(engine);
     const other = t.accounts.createKey("gamma");
     const long = noul(longState(300));
-    expect(estimateOf(long)).toBeGreaterThan(2 * estimateOf(noul(SHORT)));
+    expect(estimateMs(engine, long)).toBeGreaterThan(2 * estimateMs(engine, noul(SHORT)));
     // The express worker loads a model the first time a short pass could go beside a long one, so the
     // first rounds may run in order (loading the 1.5B build takes a few long passes on 2 cores); within
     // ten rounds the short request must overtake.
@@ -230,7 +228,7 @@ describe("cancellation of a request split into several passes", () => {
     const passesBefore = small.passes;
     const release = stall();
     const res = post(payload);
-    await until(() => engine.pool.running === 1, "the first pass to reach the worker", 10_000, res);
+    await until(() => engine.pool.running === 1, "the first pass to reach the worker", { pending: res });
     // Its other passes are planned (admitted work), not queued: they start only when this one ends.
     expect(engine.pool.admitted).toBe(1);
     expect(engine.pool.queued).toBe(0);

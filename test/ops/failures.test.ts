@@ -48,9 +48,9 @@ describe("529 when the inference queue is full", () => {
     t = await makeOpsApp(engine);
     const release = stall();
     const a = post(body("first"));
-    await until(() => engine.pool.running === 1, "the first request to reach the worker", 10_000, a);
+    await until(() => engine.pool.running === 1, "the first request to reach the worker", { pending: a });
     const b = post(body("second"));
-    await until(() => engine.pool.queued === 1, "the second request to queue", 10_000, b);
+    await until(() => engine.pool.queued === 1, "the second request to queue", { pending: b });
     const c = await post(body("third"));
     const detail = expectSpecError(c, 529);
     expect(detail).toMatch(/busy.*queue is full/);
@@ -85,9 +85,9 @@ describe("504 when a request exceeds its deadline", () => {
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(deadline) });
     const release = stall();
     const a = post(body("stalled in the worker"));
-    await until(() => engine.pool.running === 1, "the first request to reach the worker", 10_000, a);
+    await until(() => engine.pool.running === 1, "the first request to reach the worker", { pending: a });
     const b = post(body("waiting in the queue"));
-    await until(() => engine.pool.queued === 1, "the second request to queue", 10_000, b);
+    await until(() => engine.pool.queued === 1, "the second request to queue", { pending: b });
     const [ra, rb] = await Promise.all([a, b]);
     for (const r of [ra, rb]) {
       expect(expectSpecError(r, 504)).toMatch(
@@ -185,7 +185,7 @@ describe("503 while draining", () => {
     t = await makeOpsApp(engine);
     const release = stall();
     const a = post(body("in flight at shutdown"));
-    await until(() => engine.pool.running === 1, "the request to reach the worker", 10_000, a);
+    await until(() => engine.pool.running === 1, "the request to reach the worker", { pending: a });
     const drained = t.lifecycle.drain(300, 10_000);
     const refused = await post();
     expect(expectSpecError(refused, 503)).toMatch(/shutting down/);

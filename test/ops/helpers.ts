@@ -95,8 +95,7 @@ export function estimateMs(engine: EnginePipeline, payload: { model: string; sta
 export async function until(
   check: () => boolean | Promise<boolean>,
   what: string,
-  ms = 10_000,
-  pending?: Promise<{ statusCode: number; body: string }>,
+  { ms = 10_000, pending }: { ms?: number; pending?: Promise<{ statusCode: number; body: string }> } = {},
 ): Promise<void> {
   let answered: { statusCode: number; body: string } | null = null;
   void pending?.then(

@@ -101,7 +101,7 @@ describe("two replicas on PostgreSQL + Redis", () => {
     const stalls = await Promise.all(replicas.map((r) => fault(r, { kind: "stall" })));
     const a = ask(replicas[0]!, "held on replica 1");
     const b = ask(replicas[1]!, "held on replica 2");
-    await until(async () => (await inFlight(replicas[0]!)) === 1 && (await inFlight(replicas[1]!)) === 1, "one request in flight on each replica", 30_000);
+    await until(async () => (await inFlight(replicas[0]!)) === 1 && (await inFlight(replicas[1]!)) === 1, "one request in flight on each replica", { ms: 30_000 });
     const c = await ask(replicas[0]!, "third");
     expect(c.status).toBe(429);
     expect(c.headers.get("retry-after")).toBe("1");
