@@ -85,32 +85,8 @@ export function estimateMs(engine: EnginePipeline, payload: { model: string; sta
   return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], prior, false, { prefix: prepared.prefix }));
 }
 
-/**
- * Resolves once `check` holds, polling every 10 ms; throws after `ms` (a
- * generous bound, never a timing assertion). With `pending`, the request the
- * wait is about: if it is answered first, the check can never hold, so it
- * throws at once with the answer (a refusal under a loaded machine, say)
- * instead of waiting out the bound and saying nothing of why.
- */
-export async function until(
-  check: () => boolean | Promise<boolean>,
-  what: string,
-  { ms = 10_000, pending }: { ms?: number; pending?: Promise<{ statusCode: number; body: string }> } = {},
-): Promise<void> {
-  let answered: { statusCode: number; body: string } | null = null;
-  void pending?.then(
-    (r) => (answered = r),
-    (e: unknown) => (answered = { statusCode: 0, body: String(e) }),
-  );
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check()) return;
-    const a = answered as { statusCode: number; body: string } | null;
-    if (a) throw new Error(`${what}: never happened, the request was answered first: ${a.statusCode} ${a.body}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+/** One copy of the polling wait for every process-tier test. */
+export { until } from "../reliability/harness.js";
 
 /** The value of one sample in Prometheus text format (0 when absent). */
 export function sample(text: string, name: string, labels: Record<string, string> = {}): number {

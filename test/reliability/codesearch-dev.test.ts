@@ -10,6 +10,14 @@
  *   ASSAY_RELIABILITY_CODESEARCH=1 npx vitest run test/reliability/codesearch-dev.test.ts
  *   ASSAY_RELIABILITY_CODESEARCH_LIMIT=6        rows, spread evenly over the file (default: all)
  *   ASSAY_RELIABILITY_CODESEARCH_NAMES=judge-codegrep-lite,judge-codegrep   (default: the three)
+ *   ASSAY_RELIABILITY_CODESEARCH_MODES=alone    or pairs (default: both)
+ *   ASSAY_RELIABILITY_CODESEARCH_ROWS=20:40     only these of the rows chosen (a slice, end excluded)
+ *
+ * The last two let one name's run (over two hours for `judge-codegrep-max` on the whole file) be
+ * taken in several sittings.
+ *
+ * Each answer is appended as it comes to `.cache/reliability/codesearch-dev-requests.jsonl`, so a run
+ * cut short keeps the rows it read.
  */
 import fs from "node:fs";
 import os from "node:os";
@@ -22,6 +30,8 @@ import { ServerProcess, percentile, recordFigures, score } from "./harness.js";
 const ON = process.env.ASSAY_RELIABILITY_CODESEARCH === "1";
 const DATA = path.join(ROOT, "..", "shared", "data", "code_search.jsonl");
 const NAMES = (process.env.ASSAY_RELIABILITY_CODESEARCH_NAMES ?? "judge-codegrep-lite,judge-codegrep,judge-codegrep-max").split(",");
+const MODES = new Set((process.env.ASSAY_RELIABILITY_CODESEARCH_MODES ?? "alone,pairs").split(","));
+const REQUESTS_LOG = path.join(ROOT, ".cache", "reliability", "codesearch-dev-requests.jsonl");
 
 interface Row {
   id: string;
@@ -32,8 +42,9 @@ interface Row {
 function rows(): Row[] {
   const all = fs.readFileSync(DATA, "utf8").trim().split("\n").map((l) => JSON.parse(l) as Row);
   const limit = Number(process.env.ASSAY_RELIABILITY_CODESEARCH_LIMIT ?? all.length);
-  if (limit >= all.length) return all;
-  return Array.from({ length: limit }, (_, i) => all[Math.floor((i * all.length) / limit)]!);
+  const spread = limit >= all.length ? all : Array.from({ length: limit }, (_, i) => all[Math.floor((i * all.length) / limit)]!);
+  const [from, to] = (process.env.ASSAY_RELIABILITY_CODESEARCH_ROWS ?? "0:").split(":");
+  return spread.slice(Number(from || 0), to ? Number(to) : undefined);
 }
 
 const body = (model: string, r: Row) => ({
@@ -68,27 +79,33 @@ describe.skipIf(!ON)("code search dev requests on every name, alone and two at a
       `${model}: every request 200, alone and in pairs`,
       async () => {
         const rs = rows();
-        const alone: { id: string; status: number; ms: number; detail?: unknown; deadline: number }[] = [];
-        for (const r of rs) {
-          const res = await score(server!.url, key, body(model, r));
-          alone.push({ id: r.id, status: res.status, ms: res.ms, detail: (res.json as { detail?: unknown } | null)?.detail, deadline: Number(res.headers.get("x-deadline-time")) });
-        }
-        const pairs: typeof alone = [];
-        for (let i = 0; i < rs.length; i += 2) {
-          const two = rs.slice(i, i + 2);
-          const out = await Promise.all(two.map((r) => score(server!.url, key, body(model, r))));
-          out.forEach((res, k) =>
-            pairs.push({ id: two[k]!.id, status: res.status, ms: res.ms, detail: (res.json as { detail?: unknown } | null)?.detail, deadline: Number(res.headers.get("x-deadline-time")) }),
-          );
-        }
+        type Answer = { id: string; status: number; ms: number; detail?: unknown; deadline: number };
+        const answer = (mode: string, id: string, res: Awaited<ReturnType<typeof score>>): Answer => {
+          const a = { id, status: res.status, ms: res.ms, detail: (res.json as { detail?: unknown } | null)?.detail, deadline: Number(res.headers.get("x-deadline-time")) };
+          fs.mkdirSync(path.dirname(REQUESTS_LOG), { recursive: true });
+          fs.appendFileSync(REQUESTS_LOG, JSON.stringify({ at: new Date().toISOString(), model, mode, ...a }) + "\n");
+          return a;
+        };
+        const alone: Answer[] = [];
+        if (MODES.has("alone")) for (const r of rs) alone.push(answer("alone", r.id, await score(server!.url, key, body(model, r))));
+        const pairs: Answer[] = [];
+        if (MODES.has("pairs"))
+          for (let i = 0; i < rs.length; i += 2) {
+            const two = rs.slice(i, i + 2);
+            const out = await Promise.all(two.map((r) => score(server!.url, key, body(model, r))));
+            out.forEach((res, k) => pairs.push(answer("pairs", two[k]!.id, res)));
+          }
+        const summary = (xs: Answer[]) =>
+          xs.length === 0 ? null : { p50ms: Math.round(percentile(xs.map((o) => o.ms), 50)), maxms: Math.round(Math.max(...xs.map((o) => o.ms))), statuses: count(xs) };
         const figures = {
           model,
           rows: rs.length,
-          alone: { p50ms: Math.round(percentile(alone.map((o) => o.ms), 50)), maxms: Math.round(Math.max(...alone.map((o) => o.ms))), statuses: count(alone) },
-          pairs: { p50ms: Math.round(percentile(pairs.map((o) => o.ms), 50)), maxms: Math.round(Math.max(...pairs.map((o) => o.ms))), statuses: count(pairs) },
-          deadlineP50ms: Math.round(percentile(alone.map((o) => o.deadline), 50)),
+          alone: summary(alone),
+          pairs: summary(pairs),
+          deadlineP50ms: Math.round(percentile([...alone, ...pairs].map((o) => o.deadline), 50)),
         };
         recordFigures("codesearch-dev", figures);
+        expect(alone.length + pairs.length).toBe(rs.length * MODES.size);
         expect([...alone, ...pairs].filter((o) => o.status !== 200).map((o) => `${o.id} ${o.status} ${JSON.stringify(o.detail)}`)).toEqual([]);
       },
       24 * 3_600_000,

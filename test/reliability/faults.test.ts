@@ -110,12 +110,12 @@ describe("an inference worker killed mid-request", () => {
       const dispatched = sample(await metrics(), "assay_inference_queue_wait_seconds_count");
       const stall = await fault({ kind: "stall" });
       const S = score(s.url, key, smallBody(0), { "x-request-id": "worker-S" });
-      await until(async () => sample(await metrics(), "assay_inference_queue_wait_seconds_count") === dispatched + 1, "S to reach the worker");
+      await until(async () => sample(await metrics(), "assay_inference_queue_wait_seconds_count") === dispatched + 1, "S to reach the worker", { ms: 30_000 });
       await fault({ kind: "exit" }); // the next task to ask for the model: A, whose worker thread will exit under it
       const A = score(s.url, key, smallBody(1), { "x-request-id": "worker-A" });
-      await until(async () => sample(await metrics(), "assay_inference_queue_depth") === 1, "A to queue");
+      await until(async () => sample(await metrics(), "assay_inference_queue_depth") === 1, "A to queue", { ms: 30_000 });
       const B = score(s.url, key, smallBody(2), { "x-request-id": "worker-B" });
-      await until(async () => sample(await metrics(), "assay_inference_queue_depth") === 2, "B to queue");
+      await until(async () => sample(await metrics(), "assay_inference_queue_depth") === 2, "B to queue", { ms: 30_000 });
       await fault({ release: stall.id });
 
       const [rs, ra] = await Promise.all([S, A]);
@@ -198,7 +198,7 @@ describe("the server process SIGKILLed under load and restarted (PostgreSQL + Re
       await sleep(FIGURES.loadBeforeKillSeconds * 1000);
       // Kill it while it holds credit for requests in the model.
       const openHolds = async () => Number((await admin.query(`SELECT count(*) AS n FROM "${schema}".open_holds`)).rows[0].n);
-      await until(async () => (await openHolds()) > 0, "a credit hold to be open");
+      await until(async () => (await openHolds()) > 0, "a credit hold to be open", { ms: 30_000 });
       await first.kill("SIGKILL");
       killed = true;
       await Promise.all(senders);
@@ -210,8 +210,8 @@ describe("the server process SIGKILLed under load and restarted (PostgreSQL + Re
 
       // Restarted (same database, same Redis) with a 1 s sweep. Leases (1 s) and holds (3 s) expire on their own.
       const second = await start({ ...env, ASSAY_HOLD_SWEEP_SECONDS: "1" });
-      await until(async () => (await redis.exists(limiter.key(org.id))) === 0, "the dead process's slot leases to expire", 10_000);
-      await until(async () => (await openHolds()) === 0, "the dead process's holds to expire and be swept", 15_000);
+      await until(async () => (await redis.exists(limiter.key(org.id))) === 0, "the dead process's slot leases to expire", { ms: 10_000 });
+      await until(async () => (await openHolds()) === 0, "the dead process's holds to expire and be swept", { ms: 15_000 });
       // The limit is whole again: 4 at once are all admitted.
       const after = await Promise.all(Array.from({ length: 4 }, (_, i) => score(second.url, key, smallBody(i), { "x-request-id": `after-${i}` })));
       expect(after.map((r) => r.status)).toEqual([200, 200, 200, 200]);
@@ -347,7 +347,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
       // In flight when the database goes: held, in the model (stalled), then it cannot settle.
       const stall = await fault({ kind: "stall" });
       const mid = score(s.url, key, smallBody(1), { "x-request-id": "db-mid" });
-      await until(async () => Number((await admin.query(`SELECT count(*) AS n FROM "${schema}".open_holds`)).rows[0].n) === 1, "the hold of the request in flight");
+      await until(async () => Number((await admin.query(`SELECT count(*) AS n FROM "${schema}".open_holds`)).rows[0].n) === 1, "the hold of the request in flight", { ms: 30_000 });
       await proxy.down();
       await fault({ release: stall.id });
       const rmid = await mid;
@@ -375,11 +375,11 @@ describe("the database unavailable (PostgreSQL mode)", () => {
         expect([200, 503]).toContain(r.status);
         if (r.status === 200) recovered = r;
         return r.status === 200;
-      }, "the service to recover once the database is back", 60_000);
+      }, "the service to recover once the database is back", { ms: 60_000 });
       expect(recovered).not.toBeNull();
 
       // The mid-request hold could not be settled nor released while the database was away: it expires, no charge.
-      await until(async () => Number((await admin.query(`SELECT count(*) AS n FROM "${schema}".open_holds`)).rows[0].n) === 0, "the orphaned hold to expire");
+      await until(async () => Number((await admin.query(`SELECT count(*) AS n FROM "${schema}".open_holds`)).rows[0].n) === 0, "the orphaned hold to expire", { ms: 30_000 });
       const ledger = await store.ledger(org.id);
       expectClosedHolds(ledger);
       const settles = ledger.filter((e) => e.kind === "settle");
@@ -432,7 +432,7 @@ describe("the database stops answering (PostgreSQL mode, connections hang)", () 
         expect([200, 503]).toContain(r.status);
         if (r.status === 200) recovered = r;
         return r.status === 200;
-      }, "the service to recover once the database answers", 60_000);
+      }, "the service to recover once the database answers", { ms: 60_000 });
 
       const ledger = await store.ledger(org.id);
       expectClosedHolds(ledger);
@@ -469,7 +469,7 @@ describe("Redis (the concurrency slots) stops answering, then goes away", () => 
           expect([200, 503]).toContain(r.status);
           if (r.status === 200) got = r;
           return r.status === 200;
-        }, "a 200 with Redis reachable", 60_000);
+        }, "a 200 with Redis reachable", { ms: 60_000 });
         return got!;
       };
       const answered = [await ok("redis-before")];

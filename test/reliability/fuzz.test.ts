@@ -468,7 +468,7 @@ describe("a body over 1 MiB, over a real socket", () => {
       expect(String(r.detail)).toMatch(/larger than 1 MiB/);
     }
     // Whether or not the reply reached us before the socket was cut, the server logged its 413.
-    await until(() => /"path":"\/v1\/systemone","status":413/.test(s.output), "the 413 in the server's log", 10_000);
+    await until(() => /"path":"\/v1\/systemone","status":413/.test(s.output), "the 413 in the server's log", { ms: 10_000 });
     // The server stopped taking the body: far less than all of it went out.
     expect(r.written).toBeLessThan(total / 2);
     expect(grew).toBeLessThan(total / 4);

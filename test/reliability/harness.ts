@@ -48,12 +48,27 @@ export const RUN = `${Date.now().toString(36)}_${crypto.randomBytes(3).toString(
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** Resolves once `check` holds, polling; throws after `ms` (a generous bound, never a timing assertion). */
-export async function until(check: () => boolean | Promise<boolean>, what: string, ms = 30_000): Promise<void> {
+/**
+ * Resolves once `check` holds, polling; throws after `ms` (a generous bound, never a timing
+ * assertion). With `pending`, the request the wait is about: if it is answered first, the wait fails
+ * at once with its status and body instead of running out its bound with only "timed out".
+ */
+export async function until(
+  check: () => boolean | Promise<boolean>,
+  what: string,
+  { ms = 10_000, pending }: { ms?: number; pending?: Promise<{ statusCode: number; body: string }> } = {},
+): Promise<void> {
+  let answered: { statusCode: number; body: string } | null = null;
+  void pending?.then(
+    (r) => (answered = r),
+    (e: unknown) => (answered = { statusCode: 0, body: String(e) }),
+  );
   const end = Date.now() + ms;
   while (Date.now() < end) {
     if (await check()) return;
-    await sleep(25);
+    const a = answered as { statusCode: number; body: string } | null;
+    if (a) throw new Error(`${what}: never happened, the request was answered first: ${a.statusCode} ${a.body}`);
+    await sleep(10);
   }
   throw new Error(`timed out waiting for ${what}`);
 }
@@ -101,7 +116,7 @@ export class ServerProcess {
         return s.port > 0;
       },
       "the server to listen",
-      120_000,
+      { ms: 120_000 },
     );
     if (opts.ready !== false) await s.waitReady();
     return s;
@@ -115,7 +130,7 @@ export class ServerProcess {
         return r.status === 200;
       },
       "the model to be ready",
-      180_000,
+      { ms: 180_000 },
     );
   }
 
