@@ -52,6 +52,11 @@ const Env = z.object({
    * Default 1,500 on CPU, 0 on CUDA. See "The express worker" in docs/architecture.md.
    */
   ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on CUDA" }),
+  /**
+   * CPU: the nice value of a lane's main worker while it has an express worker beside it, so that a
+   * short pass beside a long one gets most of the cores (CFS weights 1024 against 335 at nice 5).
+   */
+  ASSAY_MAIN_WORKER_NICE: z.coerce.number().int().min(0).max(19).default(5).meta({ doc: "CPU with the express worker on: the nice value of each lane's main worker (onnxruntime's threads inherit it), so that a short pass beside a long one gets about three quarters of the cores instead of half; `0` gives both workers equal priority. See [the express worker](docs/architecture.md#the-express-worker)" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
@@ -169,6 +174,8 @@ export type Config = Readonly<{
   intraOpSpinning: boolean;
   /** 0: no express worker. */
   expressMaxMs: number;
+  /** The main worker's nice value beside an express worker (0: unchanged). */
+  mainWorkerNice: number;
   queueMax: number;
   maxPackedTokens: number;
   /** Prefix cache budget in bytes (ASSAY_PREFIX_CACHE_MB) and who may hit an entry. */
@@ -229,6 +236,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     intraOpThreads,
     intraOpSpinning: e.ASSAY_INTRA_OP_SPINNING,
     expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? 0 : 1_500),
+    mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     prefixCache: { bytes: Math.round(e.ASSAY_PREFIX_CACHE_MB * 1024 * 1024), scope: e.ASSAY_PREFIX_CACHE_SCOPE },

@@ -297,7 +297,8 @@ export class InferencePool {
     this.lanes = opts.map((o, index) => {
       const express: Express | null =
         this.expressMaxMs > 0 ? { pool: worker(o, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
-      const pool = worker(o, `lane ${index}`);
+      // Beside an express worker the main one runs at a higher nice value: a short pass gets most of the cores while both run.
+      const pool = worker(express && config.mainWorkerNice > 0 ? { ...o, nice: config.mainWorkerNice } : o, `lane ${index}`);
       return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
     });
     metrics.queueSources.add(this.queueSource);

@@ -15,6 +15,11 @@ export interface LaneOptions {
   spinning: boolean;
   /** Fall back to the CPU provider when CUDA cannot start. */
   cudaFallbackCpu: boolean;
+  /**
+   * CPU: the nice value of this worker's thread, taken before it creates any session, so that
+   * onnxruntime's threads inherit it. A lane's main worker runs above its express worker's 0. Absent: unchanged.
+   */
+  nice?: number;
   /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */
   testFaults?: boolean;
 }

@@ -1,3 +1,4 @@
+import os from "node:os";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
 import type { InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
@@ -8,6 +9,15 @@ import type { InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from 
  * here and never on the event loop.
  */
 const lane = workerData as LaneOptions;
+// On Linux a nice value belongs to a thread (setpriority on 0 is the calling thread), and the threads
+// onnxruntime starts for a session inherit it from the thread that creates the session. Raising it needs no privilege.
+if (lane.nice) {
+  try {
+    os.setPriority(0, lane.nice);
+  } catch (e) {
+    console.error(`[assay] could not set the inference worker's nice value to ${lane.nice}: ${String(e)}`);
+  }
+}
 const sessions = new Map<string, Promise<{ session: ort.InferenceSession; provider: string }>>();
 
 async function create(model: string): Promise<{ session: ort.InferenceSession; provider: string }> {
