@@ -20,7 +20,7 @@
  *     throughput (≥ 0.9 asserted in the full form only: the CI form is too
  *     short to average over)
  *
- * CI form: 20 s of flood with requests of ~450 tokens and an 8 s default
+ * CI form: 20 s of flood with requests of ~450 tokens and a 12 s default
  * deadline (so that refusals start within seconds); full form
  * (ASSAY_RELIABILITY=full): 10 minutes with the issue's requests (a
  * 1,500-word state with 64 questions) and the default 60 s deadline.
@@ -40,7 +40,7 @@ const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("jud
 const GRANT = 1_000_000;
 const PURCHASE = 50_000_000;
 const FACTOR = 4;
-const DEADLINE_MS = FULL ? null : 8_000;
+const DEADLINE_MS = FULL ? null : 12_000; // 8 s refused a small request on a 2-core AVX2-only machine (4.4 s ahead + 1.8 s own, with the headroom)
 /** Large request: words of state and noul questions (the issue's case in the full form). */
 const LARGE = FULL ? { words: 1_500, questions: 64 } : { words: 200, questions: 8 };
 const SMALL_EVERY_MS = FULL ? 3_000 : 2_000;
@@ -211,7 +211,7 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       expect(transportErrors).toEqual([]);
       // Only 200 and 529: never another error. A 504 is a mis-estimate: none at all in the full
       // form (the issue's goal, 10 minutes); the 20 s CI form on a shared 2-core machine admits at
-      // most one flood request in twenty that overran its 8 s deadline (seen: 1 of ~12 on a loaded
+      // most one flood request in twenty that overran its deadline (seen: 1 of ~12 on a loaded
       // run), and never one of the small organization's.
       expect(outcomes.filter((o) => o.status !== 200 && o.status !== 529 && o.status !== 504).map((o) => `${o.org} ${o.status} ${JSON.stringify(o.detail)}`)).toEqual([]);
       const late = outcomes.filter((o) => o.status === 504);
@@ -221,7 +221,7 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       // The flood really overloaded the machine, and the excess was refused early, with a reason and a retry time.
       expect(busy.length).toBeGreaterThan(0);
       for (const o of busy) {
-        expect(o.org).toBe("flood");
+        expect(o.org, `a ${o.status} for ${o.org}: ${JSON.stringify(o.detail)}`).toBe("flood");
         expect(Number.isInteger(Number(o.retryAfter)) && Number(o.retryAfter) >= 1, `Retry-After ${o.retryAfter}`).toBe(true);
         expect(String(o.detail)).toMatch(/would not finish within its deadline of .* nothing was charged|the inference queue is full/);
         // Refused at once, not after waiting.
