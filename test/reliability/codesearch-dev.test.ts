@@ -16,8 +16,8 @@
  * The last two let one name's run (over two hours for `judge-codegrep-max` on the whole file) be
  * taken in several sittings.
  *
- * Each answer is appended as it comes to `.cache/reliability/codesearch-dev-requests.jsonl`, so a run
- * cut short keeps the rows it read.
+ * Each answer is recorded as it comes (recordFigures, test `codesearch-dev-request`, in
+ * `.cache/reliability/<form>.jsonl`), so a run cut short keeps the rows it read.
  */
 import fs from "node:fs";
 import os from "node:os";
@@ -31,7 +31,6 @@ const ON = process.env.ASSAY_RELIABILITY_CODESEARCH === "1";
 const DATA = path.join(ROOT, "..", "shared", "data", "code_search.jsonl");
 const NAMES = (process.env.ASSAY_RELIABILITY_CODESEARCH_NAMES ?? "judge-codegrep-lite,judge-codegrep,judge-codegrep-max").split(",");
 const MODES = new Set((process.env.ASSAY_RELIABILITY_CODESEARCH_MODES ?? "alone,pairs").split(","));
-const REQUESTS_LOG = path.join(ROOT, ".cache", "reliability", "codesearch-dev-requests.jsonl");
 
 interface Row {
   id: string;
@@ -82,8 +81,7 @@ describe.skipIf(!ON)("code search dev requests on every name, alone and two at a
         type Answer = { id: string; status: number; ms: number; detail?: unknown; deadline: number };
         const answer = (mode: string, id: string, res: Awaited<ReturnType<typeof score>>): Answer => {
           const a = { id, status: res.status, ms: res.ms, detail: (res.json as { detail?: unknown } | null)?.detail, deadline: Number(res.headers.get("x-deadline-time")) };
-          fs.mkdirSync(path.dirname(REQUESTS_LOG), { recursive: true });
-          fs.appendFileSync(REQUESTS_LOG, JSON.stringify({ at: new Date().toISOString(), model, mode, ...a }) + "\n");
+          recordFigures("codesearch-dev-request", { model, mode, ...a });
           return a;
         };
         const alone: Answer[] = [];
