@@ -1,5 +1,5 @@
 /**
- * `assay study --model NAME --data FILE... [--limit N] [--before] [--top N]`
+ * `assay study --model NAME --data FILE... [--limit N] [--before] [--top N] [--variants a,b]`
  *
  * The readout study (src/eval/study.ts): reads every dev row many ways in
  * one pass, caches the reads under .cache/study/<build>/, and prints per set
@@ -91,7 +91,8 @@ export function registerStudyCommand(program: Command, io: CliIO): void {
     .option("--before", "also read the question placed before the state (one more pass per row)", false)
     .option("--report-only", "do not run the model: report what is cached", false)
     .option("--top <n>", "rows per table", (v) => Number(v), 12)
-    .action(async (o: { model: string; data: string[]; limit?: number; before: boolean; reportOnly: boolean; top: number }) => {
+    .option("--variants <names>", "read only these variants (comma-separated, e.g. question_ctx,yn_num): a cache file of their own", (v) => v.split(",").map((x) => x.trim()).filter(Boolean))
+    .action(async (o: { model: string; data: string[]; limit?: number; before: boolean; reportOnly: boolean; top: number; variants?: string[] }) => {
       const config = loadConfig(io.env);
       const datasets = o.data.map((f) => readDataset(f, o.limit));
       const pipeline = await EnginePipeline.create(config, (m) => io.stderr(`${m}\n`));
@@ -103,12 +104,15 @@ export function registerStudyCommand(program: Command, io: CliIO): void {
         bar.start(datasets.reduce((s, d) => s + d.items.length, 0), 0);
         const sets: { name: string; rows: StudyRow[] }[] = [];
         for (const ds of datasets) {
-          const file = path.join(dir, `${ds.name}${o.before ? "" : ".after"}.jsonl`);
+          // A subset of variants gets a file of its own: its rows must not pass for full rows on a later run.
+          const subset = o.variants ? `.${[...o.variants].sort().join("+")}` : "";
+          const file = path.join(dir, `${ds.name}${o.before ? "" : ".after"}${subset}.jsonl`);
           const rows = await collectStudy(o.reportOnly ? { ...ds, items: [] } : ds, file, {
             lb,
             engine: pipeline.engine,
             maxTokens: passLimit(lb, config.maxPackedTokens),
             before: o.before,
+            ...(o.variants ? { variants: new Set(o.variants) } : {}),
             onRow: () => bar.increment(),
           });
           const want = new Set(ds.items.map((i) => i.id));

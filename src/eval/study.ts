@@ -97,6 +97,19 @@ function trueFalse(style: PromptStyle, v: string, text: string): Ask {
   return { v, suffix: closeTurn(style, text), labels: TRUE_FALSE.labels.map((l) => label(style, l)), option: TRUE_FALSE.option };
 }
 
+/** A binary answer as two numbered options, in both orders; option 0 is the first answer word (true). */
+function numberedBinary(style: PromptStyle, v: string, head: string, words: [string, string]): Ask[] {
+  return [
+    [0, 1],
+    [1, 0],
+  ].map((order) => ({
+    v,
+    suffix: closeTurn(style, `${head}\nOptions:\n${order.map((o, j) => `${j + 1}. ${words[o]}`).join("\n")}\nAnswer with the option number only.`),
+    labels: ["1", "2"].map((l) => label(style, l)),
+    option: order.slice(),
+  }));
+}
+
 function cyclic(k: number, maxShifts: number): number[][] {
   const base = Array.from({ length: k }, (_, i) => i);
   const m = k <= maxShifts ? k : 1;
@@ -123,6 +136,13 @@ export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
         isStatement(q)
           ? trueFalse(style, "auto", `Based on the state above, is the statement true or false?\nStatement: ${q}\nAnswer true or false.`)
           : yesNo(style, "auto", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
+        // The two answers as numbered options in both orders (read like a choice over all shifts):
+        // the number carries no polarity, so "no" to a negated statement is not read as disagreement.
+        ...numberedBinary(style, "yn_num", `Based on the state above, answer the question.\nQuestion: ${q}`, ["yes", "no"]),
+        ...numberedBinary(style, "tf_num", `Based on the state above, is the statement true or false?\nStatement: ${q}`, ["true", "false"]),
+        ...(isStatement(q)
+          ? numberedBinary(style, "auto_num", `Based on the state above, is the statement true or false?\nStatement: ${q}`, ["true", "false"])
+          : numberedBinary(style, "auto_num", `Based on the state above, answer the question.\nQuestion: ${q}`, ["yes", "no"])),
       ];
     case "choice": {
       const keys = it.options;
@@ -279,6 +299,8 @@ export interface CollectOptions {
   maxTokens: number;
   /** Also read the question-before-state prefix (one more pass per row). */
   before: boolean;
+  /** Read only the variants named here (all when absent). */
+  variants?: ReadonlySet<string>;
   onRow?: () => void;
 }
 
@@ -306,12 +328,13 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
       opts.onRow?.();
       continue;
     }
-    const asks = askAfter(lb.style, it);
+    const asks = askAfter(lb.style, it).filter((a) => !opts.variants || opts.variants.has(a.v));
     const main = await readAsks(lb, engine, prefixText(lb.style, stateBlock(renderState(it.state))), asks, maxTokens);
     const branches = [...main.branches];
     if (opts.before) {
       const b = askBefore(lb.style, it);
-      if (b) branches.push(...(await readAsks(lb, engine, b.prefix, b.asks, maxTokens)).branches);
+      const before = b?.asks.filter((a) => !opts.variants || opts.variants.has(a.v)) ?? [];
+      if (b && before.length > 0) branches.push(...(await readAsks(lb, engine, b.prefix, before, maxTokens)).branches);
     }
     const cf: Record<string, Branch[]> = {};
     for (const neutral of NEUTRAL_STATES) {
@@ -321,7 +344,9 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
         const got = await readAsks(lb, engine, prefixText(lb.style, stateBlock(neutral)), missing, maxTokens);
         missing.forEach((a, i) => cfCache.set(key(a), got.branches[i]!));
       }
-      cf[neutral] = asks.map((a) => cfCache.get(key(a))!);
+      // Two variants can ask the very same text (a question's question_ctx and auto): the read is
+      // shared, but each keeps its own name, or the second would shadow the first.
+      cf[neutral] = asks.map((a) => ({ ...cfCache.get(key(a))!, v: a.v, ...(a.t !== undefined ? { t: a.t } : {}) }));
     }
     const row: StudyRow = { id: it.id, ...goldOf(it), branches, cf, ms: main.ms, tokens: main.tokens };
     fs.appendFileSync(file, `${JSON.stringify(row)}\n`);
