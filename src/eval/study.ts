@@ -110,6 +110,10 @@ function numberedBinary(style: PromptStyle, v: string, head: string, words: [str
   }));
 }
 
+/** The head and answer words of the numbered binary reads: as a question (yes/no), as a statement (true/false). */
+const YN_NUM = (q: string): [string, [string, string]] => [`Based on the state above, answer the question.\nQuestion: ${q}`, ["yes", "no"]];
+const TF_NUM = (q: string): [string, [string, string]] => [`Based on the state above, is the statement true or false?\nStatement: ${q}`, ["true", "false"]];
+
 function cyclic(k: number, maxShifts: number): number[][] {
   const base = Array.from({ length: k }, (_, i) => i);
   const m = k <= maxShifts ? k : 1;
@@ -138,11 +142,9 @@ export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
           : yesNo(style, "auto", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
         // The two answers as numbered options in both orders (read like a choice over all shifts):
         // the number carries no polarity, so "no" to a negated statement is not read as disagreement.
-        ...numberedBinary(style, "yn_num", `Based on the state above, answer the question.\nQuestion: ${q}`, ["yes", "no"]),
-        ...numberedBinary(style, "tf_num", `Based on the state above, is the statement true or false?\nStatement: ${q}`, ["true", "false"]),
-        ...(isStatement(q)
-          ? numberedBinary(style, "auto_num", `Based on the state above, is the statement true or false?\nStatement: ${q}`, ["true", "false"])
-          : numberedBinary(style, "auto_num", `Based on the state above, answer the question.\nQuestion: ${q}`, ["yes", "no"])),
+        ...numberedBinary(style, "yn_num", ...YN_NUM(q)),
+        ...numberedBinary(style, "tf_num", ...TF_NUM(q)),
+        ...numberedBinary(style, "auto_num", ...(isStatement(q) ? TF_NUM(q) : YN_NUM(q))),
       ];
     case "choice": {
       const keys = it.options;
@@ -323,17 +325,18 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
   }
   fs.mkdirSync(path.dirname(file), { recursive: true });
   const cfCache = new Map<string, Branch>();
+  const wanted = (a: Ask) => !opts.variants || opts.variants.has(a.v);
   for (const it of ds.items) {
     if (done.has(it.id)) {
       opts.onRow?.();
       continue;
     }
-    const asks = askAfter(lb.style, it).filter((a) => !opts.variants || opts.variants.has(a.v));
+    const asks = askAfter(lb.style, it).filter(wanted);
     const main = await readAsks(lb, engine, prefixText(lb.style, stateBlock(renderState(it.state))), asks, maxTokens);
     const branches = [...main.branches];
     if (opts.before) {
       const b = askBefore(lb.style, it);
-      const before = b?.asks.filter((a) => !opts.variants || opts.variants.has(a.v)) ?? [];
+      const before = b?.asks.filter(wanted) ?? [];
       if (b && before.length > 0) branches.push(...(await readAsks(lb, engine, b.prefix, before, maxTokens)).branches);
     }
     const cf: Record<string, Branch[]> = {};
