@@ -192,7 +192,12 @@ class Work implements AdmittedWork {
 
 const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after about one second";
 
-/** Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it). */
+/**
+ * Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it): the prior
+ * before a model's load was timed. Once timed, its last main-worker load is the estimate: the prior is
+ * 3–5× too long on a warm page cache (a reload of both builds after a crash estimated at 22.6 s ran in
+ * about 5 s), enough, with other organizations' recent work, to refuse the first request after a crash.
+ */
 const LOAD_BYTES_PER_MS = 150_000;
 const LOAD_SETUP_MS = 2_000;
 /** How long close() waits for model loads under way before it terminates the workers. */
@@ -243,6 +248,8 @@ export class InferencePool {
   /** Per model file: the live cost estimate of its passes (shared by the lanes, which run the same provider). */
   private readonly costs = new Map<string, CostModel>();
   private readonly loads = new Set<Promise<void>>();
+  /** Per model file: ms its last load on a main worker took (the estimate of its reload). */
+  private readonly loadMs = new Map<string, number>();
   /** The admitted request each request signal belongs to: every pass run with that signal is its work. */
   private readonly bySignal = new WeakMap<AbortSignal, Work>();
   private readonly provider: "cpu" | "cuda";
@@ -628,6 +635,10 @@ export class InferencePool {
             c.observe(job.shape, res.runMs);
             this.publish(job.task.model, c);
           }
+          if (!x && res.ok && job.task.kind === "load" && "loaded" in res && res.loaded) {
+            this.loadMs.set(job.task.model, res.loadMs);
+            metrics.buildLoadSeconds.set({ build: path.basename(path.dirname(job.task.model)) }, res.loadMs / 1000);
+          }
           job.resolve(res);
         },
         (e: unknown) => {
@@ -668,6 +679,8 @@ export class InferencePool {
   }
 
   private loadCost(model: string): number {
+    const timed = this.loadMs.get(model);
+    if (timed !== undefined) return timed;
     return LOAD_SETUP_MS + fileSize(model) / LOAD_BYTES_PER_MS;
   }
 

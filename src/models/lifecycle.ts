@@ -60,10 +60,13 @@ export class ModelLifecycle {
 
   register(build: string, modelPath: string, availability: "always" | "scheduled"): void {
     let size = 0;
-    try {
-      size = fs.statSync(modelPath).size;
-    } catch {
-      // The load itself reports a missing file.
+    // The weights live in the external data file beside the graph.
+    for (const f of [modelPath, `${modelPath}.data`]) {
+      try {
+        size += fs.statSync(f).size;
+      } catch {
+        // The load itself reports a missing file.
+      }
     }
     this.entries.set(build, {
       build,

@@ -122,6 +122,13 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly buildLoadSeconds = new Gauge({
+    name: "assay_build_load_seconds",
+    help: "How long the last load of each model build into a main worker took; a reload after a worker crash is estimated at this.",
+    labelNames: ["build"] as const,
+    registers: [this.registry],
+  });
+
   readonly buildMsPerPair = new Gauge({
     name: "assay_build_ms_per_attention_pair",
     help: "The cost estimate in use per model build: milliseconds per query-key pair of attention.",
