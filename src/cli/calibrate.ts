@@ -55,6 +55,14 @@ export interface CalibrateCliOptions {
   priorState?: Record<string, string>;
   /** Whether the prompt shows the worked examples for the run (default: the shipped file's). */
   demonstrations?: boolean;
+  /** "choice": score files' rows read as choice questions over their level names. */
+  readAs?: "choice";
+}
+
+/** `--read-as`: only "choice" (score rows as choice questions). */
+export function parseReadAs(text: string): "choice" {
+  if (text !== "choice") throw new InvalidArgumentError(`--read-as takes "choice" (score rows as choice questions over their level names), got "${text}"`);
+  return "choice";
 }
 
 /** "score=,noul=N/A" → the neutral state per question type (empty allowed). */
@@ -157,7 +165,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
   const datasets: Dataset[] = [];
   for (const file of opts.data) {
     try {
-      datasets.push(readDataset(file, opts.limit, opts.split));
+      datasets.push(readDataset(file, opts.limit, opts.split, opts.readAs));
     } catch (e) {
       if (!(e instanceof UnsupportedDataset)) throw e;
       io.stderr(`assay calibrate: skipping ${e.message}\n`);
@@ -212,7 +220,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
       dir: path.basename(lb.build.dir),
       debias: config.debias,
       debias_max_shifts: config.debiasMaxShifts,
-      data: datasets.map((d) => `${path.basename(d.file)} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
+      data: datasets.map((d) => `${path.basename(d.file)}${d.name.endsWith("@choice") ? "@choice" : ""} (${d.items.length} of ${d.totalRows} rows${limitNote})`),
     };
     if (opts.readouts) {
       fs.mkdirSync(path.dirname(path.resolve(opts.readouts)), { recursive: true });
@@ -425,6 +433,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--prior <weights>", "content-free prior weight per question type for the run, e.g. noul=1,choice=1,score=0 (default: the shipped file's)", parsePrior)
     .option("--prior-state <states>", "the neutral state each type's prior reads, e.g. score=,noul=N/A (default: the shipped file's, else N/A)", parsePriorState)
     .option("--demonstrations <on|off>", "show the worked examples before the state for the run (default: the shipped file's); the written file says which", parseOnOff)
+    .option("--read-as <type>", "choice: read score files' rows as choice questions over their level names (a set of their own, <name>@choice: more sets for the choice maps' leave-one-dataset-out gate)", parseReadAs)
     .option("--from-readouts <files...>", "refit from --readouts files of earlier runs on this build (merged; each set once) instead of running the model")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
@@ -451,6 +460,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         priorState?: Record<string, string>;
         demonstrations?: boolean;
         fromReadouts?: string[];
+        readAs?: "choice";
       }) => {
         if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE…)");
         const config = loadConfig(io.env);
@@ -489,6 +499,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             ...(o.debias !== undefined ? { debias: o.debias } : {}),
             ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
             ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
+            ...(o.readAs !== undefined ? { readAs: o.readAs } : {}),
             ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
             ...(o.prior !== undefined ? { prior: o.prior } : {}),
             ...(o.priorState !== undefined ? { priorState: o.priorState } : {}),

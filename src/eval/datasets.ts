@@ -172,10 +172,26 @@ export function parseSplit(text: string): Split {
 }
 
 /**
- * Read a JSONL dataset file. Throws `UnsupportedDataset` for formats this command does not evaluate.
- * `split` keeps every `of`-th row first; `limit` then spreads over what is left.
+ * A score row asked as a choice over its level names (gold: the gold level's name), a set of its own
+ * (`<name>@choice`). It gives the choice maps' leave-one-dataset-out gate more than the two choice
+ * sets (AG News, BANKING77), which read in different regimes and cannot test each other's map.
  */
-export function readDataset(file: string, limit?: number, split?: Split): Dataset {
+function scoreAsChoice(ds: Dataset): Dataset {
+  const items = ds.items.map((it): EvalItem => {
+    if (it.type !== "score") throw new Error(`${ds.file}: only score rows can be read as choice`);
+    const criteria: Record<string, string | null> = {};
+    for (const l of it.levels) criteria[l] = null;
+    return { type: "choice", id: it.id, state: it.state, question: { type: "choice", instructions: it.question.instructions, criteria }, options: [...it.levels], gold: it.levels[it.gold]! };
+  });
+  return { ...ds, name: `${ds.name}@choice`, format: "choice", task: "choice", items };
+}
+
+/**
+ * Read a JSONL dataset file. Throws `UnsupportedDataset` for formats this command does not evaluate.
+ * `split` keeps every `of`-th row first; `limit` then spreads over what is left. `readAs` "choice"
+ * reads a score file's rows as choice questions over their level names.
+ */
+export function readDataset(file: string, limit?: number, split?: Split, readAs?: "choice"): Dataset {
   const text = fs.readFileSync(file, "utf8");
   const rows: { row: Row; line: number }[] = [];
   text.split("\n").forEach((l, i) => {
@@ -198,7 +214,9 @@ export function readDataset(file: string, limit?: number, split?: Split): Datase
     if (ids.has(it.id)) throw new Error(`${file}: id "${it.id}" repeats`);
     ids.add(it.id);
   }
-  return { name: datasetName(file), file, format, task: TASK_OF[format], totalRows: rows.length, items };
+  const ds: Dataset = { name: datasetName(file), file, format, task: TASK_OF[format], totalRows: rows.length, items };
+  if (readAs === "choice" && format !== "choice") return scoreAsChoice(ds);
+  return ds;
 }
 
 /**

@@ -93,6 +93,15 @@ const isStatement = (q: string) => isNoulStatement({ type: "noul", instructions:
 
 const TRUE_FALSE = { labels: ["true", "True", "false", "False"], option: [0, 0, 1, 1] };
 
+/**
+ * The question asked with its polarity reversed ("is it false?", "is the answer no?"): a "yes" reads as
+ * false. A lean to "no" that comes from the wording (a negation in the statement) pushes this read the
+ * other way, so averaged with the upright read it cancels, where a lean from the content does not.
+ */
+function flipped(style: PromptStyle, v: string, text: string): Ask {
+  return { v, suffix: closeTurn(style, text), labels: YES_NO.labels.map((l) => label(style, l)), option: [1, 1, 0, 0] };
+}
+
 function trueFalse(style: PromptStyle, v: string, text: string): Ask {
   return { v, suffix: closeTurn(style, text), labels: TRUE_FALSE.labels.map((l) => label(style, l)), option: TRUE_FALSE.option };
 }
@@ -140,6 +149,14 @@ export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
         isStatement(q)
           ? trueFalse(style, "auto", `Based on the state above, is the statement true or false?\nStatement: ${q}\nAnswer true or false.`)
           : yesNo(style, "auto", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
+        flipped(
+          style,
+          "auto_flip",
+          isStatement(q)
+            ? `Based on the state above, is the statement false?\nStatement: ${q}\nAnswer yes or no.`
+            : `Based on the state above, consider the question.\nQuestion: ${q}\nIs the correct answer to it "no"? Answer yes or no.`,
+        ),
+        flipped(style, "ctx_flip", `Based on the state above, consider the question.\nQuestion: ${q}\nIs the correct answer to it "no"? Answer yes or no.`),
         // The two answers as numbered options in both orders (read like a choice over all shifts):
         // the number carries no polarity, so "no" to a negated statement is not read as disagreement.
         ...numberedBinary(style, "yn_num", ...YN_NUM(q)),

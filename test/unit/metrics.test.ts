@@ -1,3 +1,6 @@
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   accuracy,
@@ -12,7 +15,7 @@ import {
   reliability,
   unreverseLevel,
 } from "../../src/eval/metrics.js";
-import { detectFormat, groupByState, rowToItem, spread, type EvalItem } from "../../src/eval/datasets.js";
+import { detectFormat, groupByState, readDataset, rowToItem, spread, type EvalItem } from "../../src/eval/datasets.js";
 import { readAnswer, reversedQuestion } from "../../src/eval/runner.js";
 
 describe("accuracy", () => {
@@ -159,6 +162,28 @@ describe("eval helpers", () => {
     expect(r.expected).toBeCloseTo(1.6, 12);
     expect(r.confidence).toBe(0.7);
     expect(r.labelLogprobs[2]).toBeCloseTo(Math.log(0.7), 12);
+  });
+
+  it("reads a score file as choice questions over its level names, a set of its own", () => {
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-ds-")), "score_x.jsonl");
+    const row = (id: string, level: number) => JSON.stringify({ id, text: `T${id}`, question: "Q", levels: ["lo", "mid", "hi"], level });
+    fs.writeFileSync(file, `${row("a", 2)}\n${row("b", 0)}\n`);
+    const ds = readDataset(file, undefined, undefined, "choice");
+    expect(ds).toMatchObject({ name: "score_x@choice", format: "choice", task: "choice", totalRows: 2 });
+    expect(ds.items[0]).toEqual({
+      type: "choice",
+      id: "a",
+      state: "Ta",
+      question: { type: "choice", instructions: "Q", criteria: { lo: null, mid: null, hi: null } },
+      options: ["lo", "mid", "hi"],
+      gold: "hi",
+    });
+    expect(ds.items[1]).toMatchObject({ gold: "lo" });
+    // Read as itself, the same file is a score set under its own name.
+    expect(readDataset(file)).toMatchObject({ name: "score_x", task: "score", items: [{ type: "score", gold: 2 }, { gold: 0 }] });
+    const noul = path.join(path.dirname(file), "noul_x.jsonl");
+    fs.writeFileSync(noul, `${JSON.stringify({ id: "n", text: "T", question: "Q", answer: true })}\n`);
+    expect(() => readDataset(noul, undefined, undefined, "choice")).toThrow(/only score rows can be read as choice/);
   });
 
   it("batches items sharing a state (up to the limit) and keeps order", () => {
