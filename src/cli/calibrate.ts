@@ -26,6 +26,8 @@ import {
   fitItems,
   fitItemsFromResults,
   fitShippedMaps,
+  MANY_KEY,
+  MANY_OPTIONS,
   type CrossValidation,
   type FitItem,
 } from "../eval/calibrate.js";
@@ -133,7 +135,7 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit, f
   const others = <T>(m: Record<string, T> | undefined) => (fitted ? Object.fromEntries(Object.entries(m ?? {}).filter(([t]) => !fitted.has(t))) : {});
   const prior = { ...others(oldPrior), ...(fit.prior ?? {}) };
   const priorState = { ...(fit.prior ? others(oldState) : {}), ...(fit.prior_state ?? {}) };
-  const keptList = (xs: readonly string[] | undefined) => (fitted ? (xs ?? []).filter((t) => !fitted.has(t)) : []);
+  const keptList = (xs: readonly string[] | undefined) => (fitted ? (xs ?? []).filter((t) => !fitted.has(t.split(":")[0]!)) : []);
   const list = (f: CalibrationFit, k: string) => ((f as Record<string, unknown>)[k] as string[] | undefined) ?? [];
   const cv = (f: CalibrationFit) => ((f as Record<string, unknown>)["cross_validation"] as { key: string }[] | undefined) ?? [];
   return {
@@ -344,31 +346,45 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
   const lodo = leaveOneDatasetOut(items);
   const maps = fitShippedMaps(items);
   // A map ships only where it lowers the leave-one-dataset-out ECE of its
-  // type (pooled over the held-out sets); a top-label map only where it
-  // lowers it below the temperature's alone. A type with a single set has no
-  // such test: k-fold decides, as before, and the report says so.
+  // group (pooled over the held-out sets); a top-label map only where it
+  // lowers it below the temperature's alone. The groups are the question
+  // types, choice split by readout regime (few options read in every order,
+  // `choice:*`; many read once and shortlisted, `choice:>8`). A group with a
+  // single set has no such test: k-fold decides, and the report says so.
   const rejected: string[] = [];
   const noTopLabel: string[] = [];
-  for (const type of ["noul", "choice", "score"] as const) {
-    const rows = lodo.filter((r) => r.type === type);
-    const kf = cv.filter((r) => r.type === type);
+  const groupOfKey = (key: string): string => {
+    const [type, k] = key.split(":") as [string, string];
+    if (key === MANY_KEY || (type === "choice" && Number(k) > MANY_OPTIONS)) return MANY_KEY;
+    return `${type}:*`;
+  };
+  const setCount = (group: string) => new Set(items.filter((it) => groupOfKey(`${it.type}:${it.lp.length}`) === group).map((it) => it.dataset)).size;
+  for (const group of ["noul:*", "choice:*", MANY_KEY, "score:*"]) {
+    const rows = lodo.filter((r) => groupOfKey(r.key) === group);
+    const kf = cv.filter((r) => groupOfKey(r.key) === group);
     if (kf.length === 0) continue;
-    const judge = rows.length > 0 ? rows : kf;
-    const keys = [...Object.keys(maps.temperatures), ...Object.keys(maps.platt)].filter((k) => k.startsWith(`${type}:`));
+    const type = group.split(":")[0]!;
+    // Held-out sets of a group with one set were scored with another group's map: not this group's test.
+    const judge = setCount(group) >= 2 && rows.length > 0 ? rows : kf;
+    const name = group === MANY_KEY ? MANY_KEY : type;
+    const mine = (section: Record<string, unknown>) => Object.keys(section).filter((k) => groupOfKey(k) === group);
     // The lowest pooled held-out ECE of: identity, the temperature (noul: Platt), the temperature and the top-label map.
     const identity = pooled(judge, (r) => r.before.ece);
     const temperature = pooled(judge, (r) => r.afterTemperature.ece);
     const withTop = type === "noul" ? Infinity : pooled(judge, (r) => r.after.ece);
     if (!(Math.min(temperature, withTop) < identity)) {
-      for (const k of keys) {
-        delete maps.temperatures[k];
-        delete maps.platt[k];
-      }
-      rejected.push(type);
+      for (const k of mine(maps.temperatures)) delete maps.temperatures[k];
+      for (const k of mine(maps.platt)) delete maps.platt[k];
+      for (const k of mine(maps.top_label)) delete maps.top_label[k];
+      // Said outright, or a many-option question would take the few-option regime's map.
+      if (group === MANY_KEY) maps.temperatures[MANY_KEY] = 1;
+      rejected.push(name);
+      if (type !== "noul") noTopLabel.push(name);
+      continue;
     }
     if (type !== "noul" && !(withTop < temperature && withTop < identity)) {
-      for (const k of Object.keys(maps.top_label)) if (k.startsWith(`${type}:`)) delete maps.top_label[k];
-      noTopLabel.push(type);
+      for (const k of mine(maps.top_label)) delete maps.top_label[k];
+      noTopLabel.push(name);
     }
   }
   if (rejected.length > 0) io.stderr(`assay calibrate: no leave-one-dataset-out gain for ${rejected.join(", ")}: left as identity\n`);

@@ -5,8 +5,13 @@
  *
  * Keys follow `temperatureFor`: a map per `type:k` present in the data, and
  * a `type:*` fallback fitted on every item of that type, for option counts
- * the dev sets do not have. noul gets Platt scaling, choice and score a
- * temperature and a top-label map (src/probability/calibration.ts says why).
+ * the dev sets do not have. Choice has two readout regimes: up to
+ * MANY_OPTIONS options a question is read in every order; above it, once and
+ * then shortlisted. `choice:*` is fitted on the first regime only and
+ * `choice:>N` on the second, since a map fitted on one regime's readings
+ * does not hold on the other's (bench/RESULTS.md, session 18). noul gets
+ * Platt scaling, choice and score a temperature and a top-label map
+ * (src/probability/calibration.ts says why).
  */
 import type { CalibrationMaps, Platt } from "../probability/index.js";
 import { calibrateNoul, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
@@ -84,6 +89,18 @@ export function fitItemsFromResults(results: {
 
 const keyOf = (it: FitItem) => `${it.type}:${it.lp.length}`;
 
+/**
+ * Above this many options a choice question is read in one presentation (ASSAY_DEBIAS_MAX_SHIFTS,
+ * default 8) and shortlisted: the second regime, keyed `choice:>8`.
+ */
+export const MANY_OPTIONS = 8;
+export const MANY_KEY = `choice:>${MANY_OPTIONS}`;
+
+/** The pooled key of an item's readout regime: `choice:>8` for many options, else `type:*`. */
+export function regimeKey(it: { type: TaskType; lp: readonly number[] }): string {
+  return it.type === "choice" && it.lp.length > MANY_OPTIONS ? MANY_KEY : `${it.type}:*`;
+}
+
 export interface FittedMaps {
   temperatures: Record<string, number>;
   platt: Record<string, Platt>;
@@ -115,9 +132,9 @@ export function fitMaps(items: readonly FitItem[]): FittedMaps {
   const byKey = new Map<string, FitItem[]>();
   for (const it of items) byKey.set(keyOf(it), [...(byKey.get(keyOf(it)) ?? []), it]);
   for (const [key, group] of [...byKey].sort(([a], [b]) => (a < b ? -1 : 1))) fitGroup(key, group);
-  for (const type of ["choice", "score"] as const) {
-    const all = items.filter((it) => it.type === type);
-    if (all.length > 0) fitGroup(`${type}:*`, all);
+  for (const key of ["choice:*", MANY_KEY, "score:*"]) {
+    const all = items.filter((it) => it.type !== "noul" && regimeKey(it) === key);
+    if (all.length > 0) fitGroup(key, all);
   }
   return maps;
 }
@@ -134,7 +151,7 @@ export function fitShippedMaps(items: readonly FitItem[]): FittedMaps {
   const maps = fitMaps(items);
   const setsOf = (key: string) => new Set(items.filter((it) => keyOf(it) === key).map((it) => it.dataset));
   for (const section of [maps.temperatures, maps.platt, maps.top_label] as Record<string, unknown>[]) {
-    for (const key of Object.keys(section)) if (!key.endsWith(":*") && setsOf(key).size < 2) delete section[key];
+    for (const key of Object.keys(section)) if (!key.endsWith(":*") && key !== MANY_KEY && setsOf(key).size < 2) delete section[key];
   }
   return maps;
 }

@@ -55,14 +55,44 @@ export function scoreConfidence(p: readonly number[]): number {
   return Math.min(1, Math.max(0, 1 - spread / uniform));
 }
 
-export function temperatureFor(fit: CalibrationMaps | null | undefined, type: string, k: number): number {
-  if (!fit?.temperatures) return 1;
-  return fit.temperatures[`${type}:${k}`] ?? fit.temperatures[`${type}:*`] ?? 1;
+/**
+ * The key of a section that applies to a `type` question of `k` options: `type:k` where the section has
+ * it; else the regime key `type:>N` with the largest N below k (a question with more options than the
+ * debiasing shows in every order is read another way: once, then shortlisted), with its value even
+ * where it says identity, so that a many-option question never takes the few-option regime's map;
+ * else `type:*`.
+ */
+function keyFor(section: Record<string, unknown> | undefined, type: string, k: number): string | undefined {
+  if (!section) return undefined;
+  const exact = `${type}:${k}`;
+  if (exact in section) return exact;
+  let best: string | undefined;
+  let bestN = -1;
+  for (const key of Object.keys(section)) {
+    const m = /^([a-z]+):>(\d+)$/.exec(key);
+    if (!m || m[1] !== type) continue;
+    const n = Number(m[2]);
+    if (k > n && n > bestN) {
+      best = key;
+      bestN = n;
+    }
+  }
+  if (best) return best;
+  return `${type}:*` in section ? `${type}:*` : undefined;
 }
 
-/** The top-label map for a choice/score question: `type:k`, else `type:*`, else none. */
+export function temperatureFor(fit: CalibrationMaps | null | undefined, type: string, k: number): number {
+  const key = keyFor(fit?.temperatures, type, k);
+  return key ? fit!.temperatures![key]! : 1;
+}
+
+/** The top-label map for a choice/score question, keyed as the temperature (`keyFor`); a regime's key without one means none. */
 export function topLabelFor(fit: CalibrationMaps | null | undefined, type: string, k: number): Platt | undefined {
-  return fit?.top_label?.[`${type}:${k}`] ?? fit?.top_label?.[`${type}:*`];
+  const regime = keyFor(fit?.temperatures, type, k);
+  const key = keyFor(fit?.top_label, type, k);
+  // A regime whose temperature is listed but whose top-label map is not takes none (not the other regime's).
+  if (regime && regime.includes(">") && key !== regime) return undefined;
+  return key ? fit!.top_label![key] : undefined;
 }
 
 /**

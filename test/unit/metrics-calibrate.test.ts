@@ -56,7 +56,36 @@ function lapsing(): FitItem[] {
   });
 }
 
+/** Items of one set read at a true temperature `t` (the model's log-probs are `t` times too sharp). */
+function atTemperature(dataset: string, k: number, t: number, n: number, seed: number): FitItem[] {
+  const r = rng(seed);
+  return Array.from({ length: n }, () => {
+    const lp = Array.from({ length: k }, () => 6 * (r() - 0.5));
+    const p = softmax(lp, t);
+    let u = r();
+    let gold = 0;
+    while (gold < k - 1 && u > p[gold]!) u -= p[gold++]!;
+    const lse = Math.log(lp.reduce((s, x) => s + Math.exp(x), 0));
+    return { dataset, type: "choice" as const, lp: lp.map((x) => x - lse), gold };
+  });
+}
+
 describe("fitMaps", () => {
+  it("fits choice by readout regime: `choice:*` on few options only, `choice:>8` on many, which ships from one set", () => {
+    const items = [...atTemperature("few_a", 4, 2.5, 800, 1), ...atTemperature("few_b", 5, 2.5, 800, 2), ...atTemperature("many", 20, 0.5, 800, 3)];
+    const maps = fitShippedMaps(items);
+    expect(Object.keys(maps.temperatures).sort()).toEqual(["choice:*", "choice:>8"]);
+    expect(maps.temperatures["choice:*"]).toBeGreaterThan(2);
+    expect(maps.temperatures["choice:*"]).toBeLessThan(3.2);
+    expect(maps.temperatures["choice:>8"]).toBeGreaterThan(0.35);
+    expect(maps.temperatures["choice:>8"]).toBeLessThan(0.7);
+    // Pooled over both regimes, one temperature would sit between the two and fit neither.
+    const few = items.filter((it) => it.lp.length <= 8);
+    expect(fitShippedMaps(few).temperatures["choice:>8"]).toBeUndefined();
+    const many = items.find((it) => it.dataset === "many")!;
+    expect(applyMaps(many, maps)).toEqual(applyMaps(many, { temperatures: { "choice:20": maps.temperatures["choice:>8"]! }, top_label: { "choice:20": maps.top_label["choice:>8"]! } }));
+  });
+
   it("what ships keeps only keys whose data spans two sets or more, and the pooled type:* maps", () => {
     const items = synthetic();
     const maps = fitShippedMaps(items);

@@ -9,6 +9,7 @@ import {
   scoreConfidence,
   softmax,
   temperatureFor,
+  topLabelFor,
 } from "../../src/probability/index.js";
 import type { CalibrationFit } from "../../src/models/manifest.js";
 
@@ -241,6 +242,28 @@ describe("temperatureFor", () => {
     expect(temperatureFor(f, "score", 11)).toBe(2.5);
     expect(temperatureFor(fit({ "noul:2": 0.8 }), "choice", 2)).toBe(1);
     expect(temperatureFor(fit({}), "noul", 2)).toBe(1);
+  });
+
+  it("a many-option regime key `type:>N` applies above N, before `type:*`, even when it says identity", () => {
+    const f = fit({ "choice:5": 0.7, "choice:>8": 1, "choice:*": 1.2 });
+    expect(temperatureFor(f, "choice", 5)).toBe(0.7);
+    expect(temperatureFor(f, "choice", 4)).toBe(1.2);
+    expect(temperatureFor(f, "choice", 8)).toBe(1.2);
+    expect(temperatureFor(f, "choice", 9)).toBe(1);
+    expect(temperatureFor(f, "choice", 77)).toBe(1);
+    expect(temperatureFor(fit({ "choice:>8": 2, "choice:>20": 3 }), "choice", 77)).toBe(3);
+    expect(temperatureFor(fit({ "choice:>8": 2 }), "score", 9)).toBe(1);
+  });
+
+  it("a regime's top-label map is its own: none where only the other regime has one", () => {
+    const top = { a: 0.5, b: 0.6 };
+    const f = { build_hash: "x", fitted_at: "", temperatures: { "choice:*": 1.1, "choice:>8": 1 }, top_label: { "choice:*": top }, data: [] };
+    expect(topLabelFor(f, "choice", 4)).toEqual(top);
+    expect(topLabelFor(f, "choice", 77)).toBeUndefined();
+    const g = { ...f, top_label: { "choice:*": top, "choice:>8": { a: 2, b: 0 } } };
+    expect(topLabelFor(g, "choice", 77)).toEqual({ a: 2, b: 0 });
+    // Files without regime keys read as before.
+    expect(topLabelFor({ ...f, temperatures: { "choice:*": 1.1 } }, "choice", 77)).toEqual(top);
   });
 
   it("does not mix up types with the same k", () => {
