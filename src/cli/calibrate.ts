@@ -366,6 +366,9 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     const type = group.split(":")[0]!;
     // Held-out sets of a group with one set were scored with another group's map: not this group's test.
     const judge = setCount(group) >= 2 && rows.length > 0 ? rows : kf;
+    if (judge === kf && rows.length > 0) {
+      io.stderr(`assay calibrate: ${rows.map((r) => r.dataset).join(", ")} is alone in ${group}: judged by k-fold; its leave-one-dataset-out row is another group's map applied to it\n`);
+    }
     const name = group === MANY_KEY ? MANY_KEY : type;
     const mine = (section: Record<string, unknown>) => Object.keys(section).filter((k) => groupOfKey(k) === group);
     // The lowest pooled held-out ECE of: identity, the temperature (noul: Platt), the temperature and the top-label map.
