@@ -27,7 +27,8 @@ import {
   fitItemsFromResults,
   fitShippedMaps,
   MANY_KEY,
-  MANY_OPTIONS,
+  regimeKey,
+  regimeOfKey,
   type CrossValidation,
   type FitItem,
 } from "../eval/calibrate.js";
@@ -353,15 +354,10 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
   // single set has no such test: k-fold decides, and the report says so.
   const rejected: string[] = [];
   const noTopLabel: string[] = [];
-  const groupOfKey = (key: string): string => {
-    const [type, k] = key.split(":") as [string, string];
-    if (key === MANY_KEY || (type === "choice" && Number(k) > MANY_OPTIONS)) return MANY_KEY;
-    return `${type}:*`;
-  };
-  const setCount = (group: string) => new Set(items.filter((it) => groupOfKey(`${it.type}:${it.lp.length}`) === group).map((it) => it.dataset)).size;
+  const setCount = (group: string) => new Set(items.filter((it) => regimeKey(it) === group).map((it) => it.dataset)).size;
   for (const group of ["noul:*", "choice:*", MANY_KEY, "score:*"]) {
-    const rows = lodo.filter((r) => groupOfKey(r.key) === group);
-    const kf = cv.filter((r) => groupOfKey(r.key) === group);
+    const rows = lodo.filter((r) => regimeOfKey(r.key) === group);
+    const kf = cv.filter((r) => regimeOfKey(r.key) === group);
     if (kf.length === 0) continue;
     const type = group.split(":")[0]!;
     // Held-out sets of a group with one set were scored with another group's map: not this group's test.
@@ -370,7 +366,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
       io.stderr(`assay calibrate: ${rows.map((r) => r.dataset).join(", ")} is alone in ${group}: judged by k-fold; its leave-one-dataset-out row is another group's map applied to it\n`);
     }
     const name = group === MANY_KEY ? MANY_KEY : type;
-    const mine = (section: Record<string, unknown>) => Object.keys(section).filter((k) => groupOfKey(k) === group);
+    const mine = (section: Record<string, unknown>) => Object.keys(section).filter((k) => regimeOfKey(k) === group);
     // The lowest pooled held-out ECE of: identity, the temperature (noul: Platt), the temperature and the top-label map.
     const identity = pooled(judge, (r) => r.before.ece);
     const temperature = pooled(judge, (r) => r.afterTemperature.ece);

@@ -96,10 +96,14 @@ const keyOf = (it: FitItem) => `${it.type}:${it.lp.length}`;
 export const MANY_OPTIONS = 8;
 export const MANY_KEY = `choice:>${MANY_OPTIONS}`;
 
-/** The pooled key of an item's readout regime: `choice:>8` for many options, else `type:*`. */
-export function regimeKey(it: { type: TaskType; lp: readonly number[] }): string {
-  return it.type === "choice" && it.lp.length > MANY_OPTIONS ? MANY_KEY : `${it.type}:*`;
+/** The pooled key of a key's readout regime (`choice:77` → `choice:>8`, `choice:4` → `choice:*`, `noul:2` → `noul:*`). */
+export function regimeOfKey(key: string): string {
+  const [type, k] = key.split(":") as [string, string];
+  return key === MANY_KEY || (type === "choice" && Number(k) > MANY_OPTIONS) ? MANY_KEY : `${type}:*`;
 }
+
+/** The pooled key of an item's readout regime. */
+export const regimeKey = (it: FitItem): string => regimeOfKey(keyOf(it));
 
 export interface FittedMaps {
   temperatures: Record<string, number>;

@@ -200,6 +200,9 @@ const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after
  */
 const LOAD_BYTES_PER_MS = 150_000;
 const LOAD_SETUP_MS = 2_000;
+/** A model file's metric label: its build folder. */
+const buildLabel = (model: string) => path.basename(path.dirname(model));
+
 /** How long close() waits for model loads under way before it terminates the workers. */
 const LOAD_DRAIN_MS = 60_000;
 
@@ -342,7 +345,7 @@ export class InferencePool {
   }
 
   private publish(model: string, c: CostModel): void {
-    const build = path.basename(path.dirname(model));
+    const build = buildLabel(model);
     metrics.buildMsPerToken.set({ build }, c.coefficients.perToken);
     metrics.buildMsPerPair.set({ build }, c.coefficients.perPair);
     metrics.admissionSafety.set(this.safety());
@@ -637,7 +640,7 @@ export class InferencePool {
           }
           if (!x && res.ok && job.task.kind === "load" && "loaded" in res && res.loaded) {
             this.loadMs.set(job.task.model, res.loadMs);
-            metrics.buildLoadSeconds.set({ build: path.basename(path.dirname(job.task.model)) }, res.loadMs / 1000);
+            metrics.buildLoadSeconds.set({ build: buildLabel(job.task.model) }, res.loadMs / 1000);
           }
           job.resolve(res);
         },
