@@ -205,7 +205,7 @@ export function kfold(s: Scored, folds = 5): number[][] {
 /** Every readout worth reporting for a row set: each variant × label mode × prior weight. */
 export function readouts(rows: readonly StudyRow[]): Readout[] {
   const have = new Set(rows[0]?.branches.map((b) => b.v) ?? []);
-  const combos = ["question+question_ctx", "question+true_false", "question_ctx+auto", "names+upper", "names_cased+upper", "names+numbers", "names_cased+numbers", "numbers+yesno", "keys+numbers", "fc+fc_q", "numbers+readable", "question_ctx+yn_num", "question_ctx+auto_num", "auto+auto_num", "question_ctx+auto+auto_num", "question_ctx+auto_flip", "question_ctx+ctx_flip", "auto+auto_flip", "question_ctx+auto+auto_flip"];
+  const combos = ["question+question_ctx", "question+true_false", "question_ctx+auto", "names+upper", "names_cased+upper", "names+numbers", "names_cased+numbers", "numbers+yesno", "keys+numbers", "fc+fc_q", "numbers+readable", "question_ctx+yn_num", "question_ctx+auto_num", "auto+auto_num", "question_ctx+auto+auto_num", "question_ctx+auto_flip", "question_ctx+ctx_flip", "auto+auto_flip", "question_ctx+auto+auto_flip", "auto_sup+auto", "auto_says+auto", "auto_agree+auto", "question_ctx+auto+auto_sup", "question_ctx+auto+auto_says", "question_ctx+auto+auto_agree", "auto_sup+auto_says+auto_agree", "auto_sup+auto_says+auto_agree+auto"];
   const vs = [...have, ...combos.filter((c) => c.split("+").every((p) => have.has(p)))];
   const out: Readout[] = [];
   for (const v of vs) {

@@ -149,6 +149,17 @@ export function askAfter(style: PromptStyle, it: EvalItem): Ask[] {
         isStatement(q)
           ? trueFalse(style, "auto", `Based on the state above, is the statement true or false?\nStatement: ${q}\nAnswer true or false.`)
           : yesNo(style, "auto", `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
+        // A statement asked as what the state says about it (entailment wording), a question as question_ctx:
+        // "Question: The package did not arrive. Answer yes or no." invites the "no" that agrees with a negation.
+        ...(
+          [
+            ["auto_sup", "Based on the state above, is the following statement supported by the state?"],
+            ["auto_says", "Does the state above say that the following statement is true?"],
+            ["auto_agree", "Does the state above agree with the following statement?"],
+          ] as const
+        ).map(([v, head]) =>
+          yesNo(style, v, isStatement(q) ? `${head}\nStatement: ${q}\nAnswer yes or no.` : `Based on the state above, answer the question.\nQuestion: ${q}\nAnswer yes or no.`),
+        ),
         flipped(
           style,
           "auto_flip",
