@@ -1,6 +1,6 @@
 import { AssayError } from "../errors/catalogue.js";
 import { generalPasses, shapeOf, type PassShape } from "../inference/cost.js";
-import { continuePacked, pack, readLabels, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
+import { continuePacked, groupsOf, pack, readLabels, stemOf, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
@@ -103,7 +103,7 @@ export class Engine {
   ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
     if (this.isLong(lb, prefix.length, branches, limit, which)) return this.scoreLong(lb, prefix, branches, limit, ctx, which);
     const lps = new Array<number[] | undefined>(branches.length);
-    const passes = passesOf(prefix.length, branches, limit, which);
+    const passes = passesOf(prefix.length, branches, limit, which, this.splitsWidths(lb, prefix.length));
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
       // the queued one was dropped and the running one cut loose by the pool.
@@ -121,7 +121,7 @@ export class Engine {
    */
   private isLong(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): boolean {
     const idx = which ?? branches.map((_, i) => i);
-    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...idx.map((i) => branchCost(branches[i]!))) > limit;
+    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...unitsOf(branches, idx).map((u) => unitCost(branches, u))) > limit;
   }
 
   /**
@@ -186,7 +186,8 @@ export class Engine {
   async prior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, ctx: ScoreContext = {}): Promise<number[][]> {
     const build = lb.build.manifest.build_hash;
     const out = this.priors.lookup(build, neutral, branches);
-    const missing = out.flatMap((v, i) => (v === undefined ? [i] : []));
+    // A group is read whole when any of it is missing: its block's layout depends on all its members.
+    const missing = groupsOf(branches).flatMap((g) => (g.some((i) => out[i] === undefined) ? g : []));
     if (missing.length > 0) {
       const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
       const { lps } = await this.scoreMany(lb, prefix, branches, limit, ctx, missing);
@@ -207,7 +208,7 @@ export class Engine {
     const readings: TokenReadings = new Array(branches.length);
     let ms = 0;
     let tokens = 0;
-    for (const pass of passesOf(prefix.length, branches, limit)) {
+    for (const pass of passesOf(prefix.length, branches, limit, undefined, this.splitsWidths(lb, prefix.length))) {
       const packed = pack(prefix, pass.map((i) => branches[i]!));
       const { logprobs, runMs } = await this.infer(lb, packed, {});
       ms += runMs;
@@ -217,14 +218,29 @@ export class Engine {
     return { readings, ms, tokens };
   }
 
+  /** Whether `scoreMany` would read these branches in one pass (then the request's own packed pass is the fast path). */
+  onePass(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number): boolean {
+    return !this.isLong(lb, prefixLength, branches, limit) && passesOf(prefixLength, branches, limit, undefined, this.splitsWidths(lb, prefixLength)).length === 1;
+  }
+
+  /**
+   * Whether a request's narrow blocks go to a pass of their own rather than
+   * padded to its widest block: where a later pass continues the state's keys
+   * and values from the prefix cache instead of computing it again.
+   */
+  private splitsWidths(lb: LoadedBuild, prefixLength: number): boolean {
+    return lb.build.manifest.kv !== undefined && this.prefixes.enabled && prefixLength - COMPUTED_PREFIX_TOKENS >= MIN_CACHED_TOKENS;
+  }
+
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
     const shapeOfPass = (prefix: number, pass: number[]) => {
-      const c = pass.map((i) => branchCost(branches[i]!));
-      return { model, shape: { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: pass.length, width: Math.max(...c) } };
+      const c = unitsOf(branches, pass).map((u) => unitCost(branches, u));
+      return { model, shape: { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) } };
     };
-    if (!this.isLong(lb, prefixLength, branches, limit, which)) return passesOf(prefixLength, branches, limit, which).map((pass) => shapeOfPass(prefixLength, pass));
+    if (!this.isLong(lb, prefixLength, branches, limit, which))
+      return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
     // The chunks of the state, then branch passes carrying its last tokens (their attention to the rest is not in the shape).
     const held = prefixLength - COMPUTED_PREFIX_TOKENS;
     return [
@@ -388,7 +404,8 @@ export function prefillChunkSizes(held: number, limit: number): number[] {
 
 /** Branch passes against a long state of `held` computed tokens: padded branch tokens t with t·(held + t) within limit². */
 function longPassesOf(held: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
-  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(pairsRoom(held, limit), COMPUTED_PREFIX_TOKENS)), which);
+  // Every pass continues the state's keys and values: narrow blocks cost a pass of their own nothing more.
+  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(pairsRoom(held, limit), COMPUTED_PREFIX_TOKENS)), which, true);
 }
 
 /** The most tokens t that can follow p computed ones with t·(p + t) ≤ limit² attention pairs. */
@@ -409,19 +426,24 @@ export function branchCost(b: EncodedQuestion): number {
 }
 
 /**
- * Groups branch indices into passes. The graph pads every branch of a pass to
- * the pass's longest one (attention is [branches × longest × (prefix +
- * longest)]), so the budget counts padded tokens: longest-first, a pass takes
- * branches while prefix + count × longest stays within `limit`. Branches of
- * similar length end up together and memory stays bounded by the limit.
+ * Groups blocks into passes. The graph pads every block of a pass to the
+ * pass's longest one (attention is [blocks × longest × (prefix + longest)]),
+ * so the budget counts padded tokens: longest-first, a pass takes blocks
+ * while prefix + count × longest stays within `limit`. Blocks of similar
+ * length end up together and memory stays bounded by the limit. With
+ * `splitWidths` (a later pass continues the prefix's keys and values instead
+ * of computing them again), a block at most half the pass's longest starts a
+ * pass of its own: padding it would cost more attention than it holds (a
+ * 4-option question's shared block among 30 statements' made the request
+ * 1.24× slower in one pass, bench/RESULTS.md session 19).
  */
-export function planPasses(prefixLength: number, costs: readonly number[], limit: number): number[][] {
+export function planPasses(prefixLength: number, costs: readonly number[], limit: number, splitWidths = false): number[][] {
   const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
   const passes: number[][] = [];
   let cur: number[] = [];
   let longest = 0;
   for (const i of order) {
-    if (cur.length > 0 && prefixLength + (cur.length + 1) * longest > limit) {
+    if (cur.length > 0 && (prefixLength + (cur.length + 1) * longest > limit || (splitWidths && 2 * costs[i]! <= longest))) {
       passes.push(cur);
       cur = [];
     }
@@ -432,8 +454,23 @@ export function planPasses(prefixLength: number, costs: readonly number[], limit
   return passes;
 }
 
-/** `planPasses` over the branches named by `which` (all when omitted), as branch indices. */
-function passesOf(prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
-  const idx = which ? [...which] : branches.map((_, i) => i);
-  return planPasses(prefixLength, idx.map((i) => branchCost(branches[i]!)), limit).map((pass) => pass.map((j) => idx[j]!));
+/**
+ * The blocks `pack` lays out for these branches: a group with a stem is one
+ * block, any other branch its own. A pass takes a block whole, so a question
+ * reads the same in any pass of a multi-pass read.
+ */
+function unitsOf(branches: readonly EncodedQuestion[], idx: readonly number[]): number[][] {
+  return groupsOf(branches, idx).flatMap((g) => (stemOf(g.map((i) => branches[i]!.suffix)) > 0 ? [g] : g.map((i) => [i])));
+}
+
+/** Tokens a block adds to a pass (a bound, as `branchCost`): the stem once, then each member's rest. */
+function unitCost(branches: readonly EncodedQuestion[], members: readonly number[]): number {
+  const stem = stemOf(members.map((i) => branches[i]!.suffix));
+  return stem + members.reduce((s, i) => s + branchCost(branches[i]!) - stem, 0);
+}
+
+/** `planPasses` over the blocks of the branches named by `which` (all when omitted), as branch indices. */
+function passesOf(prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which: readonly number[] | undefined, splitWidths: boolean): number[][] {
+  const units = unitsOf(branches, which ?? branches.map((_, i) => i));
+  return planPasses(prefixLength, units.map((u) => unitCost(branches, u)), limit, splitWidths).map((pass) => pass.flatMap((j) => units[j]!));
 }

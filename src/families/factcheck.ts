@@ -99,7 +99,15 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
     ...claims.map((c) => factcheckClaim(lb.style, c)),
     ...claims.flatMap((c, i) => (statements[i] ? [factcheckClaimTrueFalse(lb.style, c)] : [])),
   ];
-  return { lb, prefixes, claims: encodeBranches(lb, [], texts), second, limit: passLimit(lb, maxPackedTokens) };
+  const encoded = encodeBranches(lb, [], texts);
+  // A claim's two readings are one question's presentations: one block behind their stem, as the
+  // general family lays out a statement's (pack.ts), so that both families read a claim alike.
+  second.forEach((j, i) => {
+    if (j === null) return;
+    encoded.branches[i]!.group = i;
+    encoded.branches[j]!.group = i;
+  });
+  return { lb, prefixes, claims: encoded, second, limit: passLimit(lb, maxPackedTokens) };
 }
 
 /** Tokens billed for `which` claims: each chunk's prefix plus those claims as written (yes/no reading), per chunk. */

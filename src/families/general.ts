@@ -88,15 +88,15 @@ export function prepare(
   const prefix = lb.tokenizer.encode(prompt.prefix);
   const encoded: EncodedQuestion[] = [];
   const blocks: number[][] = [];
-  for (const q of prompt.questions) {
+  for (const [group, q] of prompt.questions.entries()) {
     const labels = q.labels.map((l) => labelIds(lb, l));
     const mine = [encoded.length];
     // Billing counts the caller's own wording of the question (see QuestionPrompt.billedSuffix).
-    encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined });
+    encoded.push({ suffix: lb.tokenizer.encode(q.suffix), labels, terminator: lb.terminator, billed: q.billedSuffix === undefined, group });
     for (const [j, v] of (q.variants ?? []).entries()) {
       mine.push(encoded.length);
       const own = q.variantLabels?.[j];
-      encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false });
+      encoded.push({ suffix: lb.tokenizer.encode(v), labels: own ? own.map((l) => labelIds(lb, l)) : labels, terminator: lb.terminator, billed: false, group });
     }
     blocks.push(mine);
   }
@@ -127,15 +127,17 @@ export function prepare(
 }
 
 
-/** Whether the prepared request is one pass (the fast path) or several over the same prefix. */
-const fitsOnePass = (prepared: PreparedRequest, limit: number) => prepared.packed.inputIds.length <= limit;
+/** Whether the prepared request is one pass (the fast path: its own packed pass) or several over the same prefix. */
+const fitsOnePass = (engine: Engine, lb: LoadedBuild, prepared: PreparedRequest, limit: number) =>
+  prepared.packed.inputIds.length <= limit && engine.onePass(lb, prepared.prefix.length, prepared.encoded, limit);
 
 /**
- * Every block's label log-probabilities: the packed pass where it fits, else
- * the blocks in as few passes over the same prefix as the limit allows.
+ * Every block's label log-probabilities: the packed pass where it fits and
+ * the planner keeps it whole, else the blocks in as few passes over the same
+ * prefix as the limit and their widths call for (Engine.scoreMany).
  */
 export async function readBranches(engine: Engine, lb: LoadedBuild, prepared: PreparedRequest, limit: number, ctx: ScoreContext): Promise<number[][]> {
-  if (fitsOnePass(prepared, limit)) return engine.run(lb, prepared.packed, ctx);
+  if (fitsOnePass(engine, lb, prepared, limit)) return engine.run(lb, prepared.packed, ctx);
   return (await engine.scoreMany(lb, prepared.prefix, prepared.encoded, limit, ctx)).lps as number[][];
 }
 
@@ -159,7 +161,7 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
   // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
   // pass (or passes), and a content-free prior pass where the calibration weighs one in.
   const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)?.prior ?? {}).some((w) => w > 0);
-  const passes = fitsOnePass(prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
+  const passes = fitsOnePass(fam.engine, lb, prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
   const planned = fam.engine.planGeneral(lb, passes, priorPass, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId });
   const work = fam.engine.admit(planned, ctx);
   try {

@@ -1,3 +1,4 @@
+
 /**
  * Packs one request into a single sequence for one forward pass.
  *
@@ -8,6 +9,13 @@
  * whose subtree is everything; each question's block is a chain hanging off
  * the prefix; positions restart after the prefix for every block, so each
  * question sees exactly the tokens it would see alone.
+ *
+ * A question asked in several presentations (option-order debiasing, a
+ * statement's two readings) hangs them off one block: their common leading
+ * tokens (the stem: the question's line and the list's start) once, then
+ * each presentation's rest as a chain off the stem (`group`, blockUnits).
+ * Each still sees the prefix, the stem and its own rest, at the positions it
+ * has alone.
  *
  * Labels that need several tokens are scored exactly with a trie: every
  * internal trie node is one more token in its question's block, and the
@@ -27,6 +35,13 @@ export interface EncodedQuestion {
    * branches like any other but are not charged: the caller asked one question.
    */
   billed?: boolean;
+  /**
+   * Branches with the same group (one question's presentations) share a
+   * block: their common leading suffix tokens (the stem) are computed once,
+   * and each presentation continues it. Each still sees exactly the tokens,
+   * at the positions, it would see alone.
+   */
+  group?: number;
 }
 
 /** What the worker feeds to the graph: exactly the graph's inputs. */
@@ -101,20 +116,26 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
   const end: number[] = prefix.map(() => -1); // filled with T-1 at the end
   const gather: number[] = [];
   const targets: number[][] = [];
-  const readout: number[][][] = [];
+  const readout: number[][][] = new Array(questions.length);
   let promptTokens = prefix.length;
   const blocks: [number, number][] = [];
 
-  for (const q of questions) {
+  const tries = questions.map((q) => {
     if (q.suffix.length === 0) throw new Error("empty question suffix");
-    const blockStart = ids.length;
-    for (let i = 0; i < q.suffix.length; i++) {
+    if (q.billed !== false) promptTokens += q.suffix.length;
+    return buildTrie(q.labels);
+  });
+
+  // One question's suffix after `from` shared tokens, then its label trie.
+  const emitQuestion = (qi: number, from: number): void => {
+    const q = questions[qi]!;
+    const { root, nested } = tries[qi]!;
+    const start = ids.length;
+    for (let i = from; i < q.suffix.length; i++) {
       ids.push(q.suffix[i]!);
       pos.push(prefix.length + i);
-      end.push(-2); // block end, patched below
+      end.push(-2); // the question's end, patched below
     }
-    if (q.billed !== false) promptTokens += q.suffix.length;
-    const { root, nested } = buildTrie(q.labels);
     root.seq = ids.length - 1;
     const rootPos = prefix.length + q.suffix.length - 1;
 
@@ -132,9 +153,7 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
       }
     };
     emit(root, 0);
-    const blockEnd = ids.length - 1;
-    blocks.push([blockStart, ids.length - blockStart]);
-    for (let i = blockStart; i < blockStart + q.suffix.length; i++) end[i] = blockEnd;
+    for (let i = start; i < start + q.suffix.length - from; i++) end[i] = ids.length - 1;
 
     // One gathered row per node read from; columns: children, then terminator.
     const colOf = new Map<TrieNode, Map<number, number>>();
@@ -158,18 +177,29 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     };
     addRows(root);
 
-    readout.push(
-      q.labels.map((toks) => {
-        const path: [TrieNode, number][] = [];
-        let node = root;
-        for (const t of toks) {
-          path.push([node, t]);
-          node = node.children.get(t)!;
-        }
-        if (nested) path.push([node, -1]);
-        return path.map(([n, t]) => encodeCell(n.row, colOf.get(n)!.get(t)!));
-      }),
-    );
+    readout[qi] = q.labels.map((toks) => {
+      const path: [TrieNode, number][] = [];
+      let node = root;
+      for (const t of toks) {
+        path.push([node, t]);
+        node = node.children.get(t)!;
+      }
+      if (nested) path.push([node, -1]);
+      return path.map(([n, t]) => encodeCell(n.row, colOf.get(n)!.get(t)!));
+    });
+  };
+
+  for (const unit of blockUnits(questions, tries)) {
+    const blockStart = ids.length;
+    const first = questions[unit.members[0]!]!;
+    for (let i = 0; i < unit.stem; i++) {
+      ids.push(first.suffix[i]!);
+      pos.push(prefix.length + i);
+      end.push(-4); // the block's end, patched below
+    }
+    for (const qi of unit.members) emitQuestion(qi, unit.stem);
+    for (let i = blockStart; i < blockStart + unit.stem; i++) end[i] = ids.length - 1;
+    blocks.push([blockStart, ids.length - blockStart]);
   }
 
   const T = ids.length;
@@ -200,6 +230,88 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     branches: blocks.length,
     branchWidth: L,
   };
+}
+
+interface BlockUnit {
+  /** Question indices in the block, in layout order. */
+  members: number[];
+  /** Leading suffix tokens the members share, computed once at the block's start. */
+  stem: number;
+  /** Tokens of the block. */
+  length: number;
+}
+
+/** Tokens a question's label trie adds to its block (pack's needsToken nodes). */
+function trieTokens({ root, nested }: { root: TrieNode; nested: boolean }): number {
+  let n = 0;
+  const walk = (t: TrieNode): void =>
+    t.children.forEach((c) => {
+      if (c.children.size > 0 || (nested && c.ends.length > 0)) {
+        n++;
+        walk(c);
+      }
+    });
+  walk(root);
+  return n;
+}
+
+/**
+ * Leading tokens that a group's suffixes share and compute once (its stem).
+ * Each keeps at least its last suffix token: its answer is read there.
+ */
+export function stemOf(suffixes: readonly (readonly number[])[]): number {
+  if (suffixes.length < 2) return 0;
+  const most = Math.min(...suffixes.map((x) => x.length)) - 1;
+  let stem = 0;
+  while (stem < most && suffixes.every((x) => x[stem] === suffixes[0]![stem])) stem++;
+  return stem;
+}
+
+/** Branches by `group`, in order of first appearance; an ungrouped branch is a group of its own. */
+export function groupsOf(questions: readonly EncodedQuestion[], idx: readonly number[] = questions.map((_, i) => i)): number[][] {
+  const byGroup = new Map<number, number[]>();
+  const out: number[][] = [];
+  for (const i of idx) {
+    const g = questions[i]!.group;
+    if (g === undefined) {
+      out.push([i]);
+      continue;
+    }
+    const members = byGroup.get(g);
+    if (members) members.push(i);
+    else {
+      const fresh = [i];
+      byGroup.set(g, fresh);
+      out.push(fresh);
+    }
+  }
+  return out;
+}
+
+const byTokens = (a: readonly number[], b: readonly number[]): number => {
+  for (let k = 0; k < Math.min(a.length, b.length); k++) if (a[k] !== b[k]) return a[k]! - b[k]!;
+  return a.length - b.length;
+};
+
+/**
+ * The blocks of a pass. A group (one question's presentations) with a stem
+ * is one block: the stem once, then each presentation's rest in token order.
+ * Both rules depend on the group alone, never on the rest of the pass: the
+ * int8 graph reads a block laid out differently a little differently (a
+ * different order of float sums crosses the per-row activation scales'
+ * rounding; session 12 measured 0.08–0.13 in log-probability), so a question
+ * must be laid out the same alone, among 63 others, with its options in any
+ * order, and in any pass of a multi-pass read (the planner keeps a group in
+ * one pass: Engine.passesOf).
+ */
+function blockUnits(questions: readonly EncodedQuestion[], tries: readonly { root: TrieNode; nested: boolean }[]): BlockUnit[] {
+  const own = (i: number) => questions[i]!.suffix.length + trieTokens(tries[i]!);
+  return groupsOf(questions).flatMap((members) => {
+    const stem = stemOf(members.map((i) => questions[i]!.suffix));
+    if (stem === 0) return members.map((i) => ({ members: [i], stem: 0, length: own(i) }));
+    const sorted = [...members].sort((a, b) => byTokens(questions[a]!.suffix, questions[b]!.suffix));
+    return [{ members: sorted, stem, length: stem + sorted.reduce((s, i) => s + own(i) - stem, 0) }];
+  });
 }
 
 // (row, col) packed into one number until the final width is known.

@@ -136,12 +136,11 @@ describe("fact check", () => {
     const { head, tail } = factcheckPrefixParts(lb.style);
     // A one-window document is tokenized with the text around it, as the general prefix is.
     const prefix = lb.tokenizer.encode(`${head}${doc}${tail}`);
-    const single = async (branch: string | { suffix: string; labels: string[] }) => {
-      const r = await scoreYesNo(engine.engine, lb, encodeBranches(lb, prefix, [branch]), 8192, { timings: new Timings() } as never);
-      return r.p[0]!;
-    };
-    const yesNo = await single(factcheckClaim(lb.style, claim));
-    const trueFalse = await single(factcheckClaimTrueFalse(lb.style, claim));
+    // The two readings are one question's presentations: one block behind their stem (pack.ts).
+    const both = encodeBranches(lb, prefix, [factcheckClaim(lb.style, claim), factcheckClaimTrueFalse(lb.style, claim)]);
+    for (const b of both.branches) b.group = 0;
+    const r = await scoreYesNo(engine.engine, lb, both, 8192, { timings: new Timings() } as never);
+    const [yesNo, trueFalse] = [r.p[0]!, r.p[1]!];
     expect(Math.abs(logit(yesNo) - logit(trueFalse))).toBeGreaterThan(1e-3);
     expect(logit(raw)).toBeCloseTo((logit(yesNo) + logit(trueFalse)) / 2, 3);
   });

@@ -8,7 +8,7 @@
  * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
+import { branchCost, COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
 import { prepare } from "../../src/families/general.js";
 import { encodeBranches, plannedPasses, scoreYesNo } from "../../src/families/yesno.js";
 import { factcheckClaim } from "../../src/prompt/families.js";
@@ -115,6 +115,26 @@ describe("prefix cache", () => {
     expect(plannedPasses(pipeline.engine, lb, enc, limit, "org-plan-yesno")[0]!.shape.prefix).toBe(COMPUTED_PREFIX_TOKENS);
   }, 120_000);
 
+  for (const model of ["vendor/judge-9B", "judge-latest"]) {
+    it(`${model}: a wide question among narrow ones, read in passes split by width, reads as it reads alone`, async () => {
+      const lb = pipeline.build(model);
+      // One 4-option question (its four presentations share one wide block) among six statements (narrow blocks).
+      const qs: Record<string, Question> = { topic: QUESTIONS.topic! };
+      for (const [i, s] of ["The shoes arrived on 7 March.", "The jacket shipped.", "The order had three items.", "The shoes were size 44.", "The customer wants store credit.", "The shoes came from Leeds."].entries())
+        qs[`s${i}`] = { type: "noul", instructions: s };
+      const prepared = prepare(lb, STATE, qs);
+      const { prefix, encoded } = prepared;
+      expect(pipeline.engine.onePass(lb, prefix.length, encoded, 8192)).toBe(false);
+      const many = await pipeline.engine.scoreMany(lb, prefix, encoded, 8192, ctx("org-widths"));
+      expect(many.passes).toBe(2);
+      for (const q of prepared.questions) {
+        const alone = prepare(lb, STATE, { [q.id]: qs[q.id]! });
+        const one = await plain.run(lb, alone.packed);
+        expect(maxDiff(q.blocks.map((b) => many.lps[b]!), one), q.id).toBeLessThanOrEqual(TOL);
+      }
+    }, 180_000);
+  }
+
   it("another question on a cached state: read from the cache, as it reads alone", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     await pipeline.engine.run(lb, prepare(lb, STATE, QUESTIONS).packed, ctx("org-new-question"));
@@ -151,8 +171,8 @@ describe("prefix cache", () => {
     const lb = pipeline.build("vendor/judge-9B");
     const prepared = prepare(lb, STATE, QUESTIONS);
     const { prefix, encoded } = prepared;
-    // A limit that fits the prefix and one or two branches: several passes over the same state.
-    const limit = prefix.length + 2 * Math.max(...encoded.map((b) => b.suffix.length + b.labels.flat().length + 1));
+    // A limit that fits the prefix and one question's block (its presentations behind their stem): a pass per question.
+    const limit = prefix.length + Math.max(...prepared.questions.map((q) => q.blocks.reduce((s, b) => s + branchCost(encoded[b]!), 0)));
     const c = ctx("org-passes");
     const many = await pipeline.engine.scoreMany(lb, prefix, encoded, limit, c);
     expect(many.passes).toBeGreaterThan(2);
@@ -193,7 +213,7 @@ describe("prefix cache", () => {
     for (const cache of [pipeline.engine, plain]) {
       const c = ctx("org-long");
       const long = await cache.scoreMany(lb, prefix, encoded, limit, c);
-      expect(long.passes).toBeGreaterThan(encoded.length);
+      expect(long.passes).toBeGreaterThan(prepared.questions.length);
       const one = await plain.run(lb, prepared.packed);
       expect(maxDiff(long.lps as number[][], one)).toBeLessThanOrEqual(TOL);
     }
@@ -222,8 +242,13 @@ describe("prefix cache", () => {
     const r1 = await pipeline.run(env, { requestId: "a", orgId: "org-pipeline", timings: t1 });
     const t2 = new Timings();
     const r2 = await pipeline.run(env, { requestId: "b", orgId: "org-pipeline", timings: t2 });
-    expect(t1.headers()["x-prefix-cache-tokens"]).toBe("0");
-    expect(Number(t2.headers()["x-prefix-cache-tokens"])).toBeGreaterThan(100);
+    // The first request computes its state once (a later pass of it, its narrow blocks split from the
+    // wide ones by the planner, continues it from the cache); the second takes it in every pass.
+    const lb = pipeline.build("vendor/judge-9B");
+    const { prefix, encoded } = prepare(lb, STATE, QUESTIONS);
+    const passes = pipeline.engine.plan(lb, prefix.length, encoded, Number.MAX_SAFE_INTEGER).length;
+    expect(Number(t2.headers()["x-prefix-cache-tokens"])).toBe(passes * (prefix.length - COMPUTED_PREFIX_TOKENS));
+    expect(Number(t1.headers()["x-prefix-cache-tokens"])).toBeLessThan(Number(t2.headers()["x-prefix-cache-tokens"]));
     // Billing is unchanged by the cache.
     expect(r2.usage).toEqual(r1.usage);
     expect(Math.abs((r2.answers.refund as NoulAnswer).noul - (r1.answers.refund as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);

@@ -167,6 +167,14 @@ describe("packing and chunking", () => {
     expect(passes.flat().sort()).toEqual([0, 1, 2, 3, 4, 5]);
     expect(passes).toEqual([[1], [3], [4, 0], [5, 2]]);
   });
+  it("with splitWidths, a block at most half the pass's longest starts a pass of its own", () => {
+    // One wide block (a 4-option question's shared presentations) and narrow statements.
+    const costs = [30, 180, 35, 32, 95, 91];
+    expect(planPasses(500, costs, 8192)).toEqual([[1, 4, 5, 2, 3, 0]]);
+    expect(planPasses(500, costs, 8192, true)).toEqual([[1, 4, 5], [2, 3, 0]]);
+    // Blocks alike in width stay in one pass either way.
+    expect(planPasses(500, [60, 58, 61, 59], 8192, true)).toEqual([[2, 0, 3, 1]]);
+  });
   it("covers a long document with overlapping chunks and never cuts it", () => {
     expect(chunkRanges(100, 2048, 256)).toEqual([[0, 100]]);
     const r = chunkRanges(5000, 2048, 256);

@@ -288,3 +288,76 @@ describe("errors", () => {
     expect(() => pack([1], [q([], [[3], [4]])])).toThrow(/empty question suffix/);
   });
 });
+
+describe("a question's presentations share their stem (group)", () => {
+  const g = (suffix: number[], labels: number[][], group: number): EncodedQuestion => ({ suffix, labels, terminator: TERM, group });
+  // Four presentations of one question: stem [10, 11, 12], then each its own options.
+  const shifts = [
+    [10, 11, 12, 21, 22, 23, 24, 30],
+    [10, 11, 12, 22, 23, 24, 21, 30],
+    [10, 11, 12, 23, 24, 21, 22, 30],
+    [10, 11, 12, 24, 21, 22, 23, 30],
+  ];
+  const prefix = Array.from({ length: 40 }, (_, i) => 100 + i);
+
+  it("the stem is fed once; each presentation continues it and sees only the prefix, the stem and itself", () => {
+    const merged = pack(prefix, shifts.map((s) => g(s, [[1], [2], [3], [4]], 0)));
+    const apart = pack(prefix, shifts.map((s) => q(s, [[1], [2], [3], [4]])));
+    checkLayout(merged);
+    expect(merged.inputIds.length).toBe(apart.inputIds.length - 3 * 3);
+    expect(merged.branches).toBe(1);
+    expect(nums(merged.inputIds).slice(40, 43)).toEqual([10, 11, 12]);
+    // The last presentation's answer token: prefix, stem, its own five tokens.
+    const last = merged.inputIds.length - 1;
+    expect(visible(merged, last).map((j) => Number(merged.inputIds[j]))).toEqual([...prefix, ...shifts[3]!]);
+    // Each reads its labels at its own last token, at the position it has alone.
+    const rows = nums(merged.gatherIdx);
+    expect(rows.map((i) => Number(merged.inputIds[i]))).toEqual([30, 30, 30, 30]);
+    expect(rows.map((i) => Number(merged.positionIds[i]))).toEqual(nums(apart.gatherIdx).map((i) => Number(apart.positionIds[i])));
+    expect(merged.promptTokens).toBe(apart.promptTokens);
+  });
+
+  it("reads every label where the separate layout reads it", () => {
+    const labels = [[[5, 6], [5, 7], [8]], [[1], [2]], [[5, 6], [5, 7], [8]], [[1], [2]]];
+    const merged = pack(prefix, shifts.map((s, i) => g(s, labels[i]!, 0)));
+    const apart = pack(prefix, shifts.map((s, i) => q(s, labels[i]!)));
+    checkLayout(merged);
+    // The same token at the same position is read for each label, whichever layout.
+    const cellsOf = (p: PackedRequest) =>
+      p.readout.map((ls) => ls.map((cells) => cells.map((c) => {
+        const row = Math.floor(c / p.width);
+        const at = Number(p.gatherIdx[row]);
+        return [Number(p.inputIds[at]), Number(p.positionIds[at]), Number(p.targetIds[c])];
+      })));
+    expect(cellsOf(merged)).toEqual(cellsOf(apart));
+  });
+
+  it("a presentation keeps at least its last token; different groups never share", () => {
+    const p = pack(prefix, [g([10, 11, 12], [[1], [2]], 0), g([10, 11, 12, 13], [[1], [2]], 0), g([10, 11, 12, 14], [[1], [2]], 1)]);
+    checkLayout(p);
+    // Group 0 shares [10, 11] (the first keeps its 12, where it is read); group 1 is alone.
+    expect(nums(p.inputIds).slice(40)).toEqual([10, 11, 12, 12, 13, 10, 11, 12, 14]);
+    expect(p.branches).toBe(2);
+  });
+
+  it("lays a group out by the group alone: the same block among other questions and in any input order", () => {
+    const stem = Array.from({ length: 20 }, (_, i) => 10 + i);
+    const long = Array.from({ length: 4 }, (_, k) => [...stem, ...Array.from({ length: 10 }, (_, i) => 200 + ((i + k) % 10))]);
+    const shorts = Array.from({ length: 30 }, (_, i) => q([500 + i], [[1], [2]]));
+    const alone = pack(prefix, long.map((s) => g(s, [[1], [2]], 0)));
+    const among = pack(prefix, [...shorts.slice(0, 15), ...long.map((s) => g(s, [[1], [2]], 0)), ...shorts.slice(15)]);
+    checkLayout(among);
+    // Shared even where it widens every other block's padding: the planner, not the packer, keeps widths apart.
+    expect(alone.branches).toBe(1);
+    expect(among.branches).toBe(31);
+    expect(among.branchWidth).toBe(alone.branchWidth);
+    // The group's block holds the same tokens at the same positions, whatever comes before it.
+    const blockOf = (p: PackedRequest, start: number) => [nums(p.inputIds).slice(start, start + alone.branchWidth), nums(p.positionIds).slice(start, start + alone.branchWidth)];
+    expect(blockOf(among, prefix.length + 15)).toEqual(blockOf(alone, prefix.length));
+    // Presentations in reverse (a scale asked with its levels reversed): the same block, each read where it was.
+    const reversed = pack(prefix, [...long].reverse().map((s) => g(s, [[1], [2]], 0)));
+    expect(nums(reversed.inputIds)).toEqual(nums(alone.inputIds));
+    expect(nums(reversed.subtreeEnd)).toEqual(nums(alone.subtreeEnd));
+    expect(reversed.readout).toEqual([...alone.readout].reverse());
+  });
+});
