@@ -1,4 +1,3 @@
-
 /**
  * Packs one request into a single sequence for one forward pass.
  *
