@@ -1,6 +1,6 @@
 import { AssayError } from "../errors/catalogue.js";
 import { generalPasses, shapeOf, type PassShape } from "../inference/cost.js";
-import { continuePacked, groupsOf, pack, readLabels, stemOf, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
+import { blocksOf, continuePacked, pack, readLabels, type Block, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
@@ -121,7 +121,7 @@ export class Engine {
    */
   private isLong(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): boolean {
     const idx = which ?? branches.map((_, i) => i);
-    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...unitsOf(branches, idx).map((u) => unitCost(branches, u))) > limit;
+    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...blocksOf(branches, idx).map((b) => blockCost(branches, b))) > limit;
   }
 
   /**
@@ -187,7 +187,7 @@ export class Engine {
     const build = lb.build.manifest.build_hash;
     const out = this.priors.lookup(build, neutral, branches);
     // A group is read whole when any of it is missing: its block's layout depends on all its members.
-    const missing = groupsOf(branches).flatMap((g) => (g.some((i) => out[i] === undefined) ? g : []));
+    const missing = blocksOf(branches).flatMap((b) => (b.members.some((i) => out[i] === undefined) ? b.members : []));
     if (missing.length > 0) {
       const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
       const { lps } = await this.scoreMany(lb, prefix, branches, limit, ctx, missing);
@@ -236,7 +236,7 @@ export class Engine {
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
     const shapeOfPass = (prefix: number, pass: number[]) => {
-      const c = unitsOf(branches, pass).map((u) => unitCost(branches, u));
+      const c = blocksOf(branches, pass).map((b) => blockCost(branches, b));
       return { model, shape: { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) } };
     };
     if (!this.isLong(lb, prefixLength, branches, limit, which))
@@ -454,23 +454,13 @@ export function planPasses(prefixLength: number, costs: readonly number[], limit
   return passes;
 }
 
-/**
- * The blocks `pack` lays out for these branches: a group with a stem is one
- * block, any other branch its own. A pass takes a block whole, so a question
- * reads the same in any pass of a multi-pass read.
- */
-function unitsOf(branches: readonly EncodedQuestion[], idx: readonly number[]): number[][] {
-  return groupsOf(branches, idx).flatMap((g) => (stemOf(g.map((i) => branches[i]!.suffix)) > 0 ? [g] : g.map((i) => [i])));
-}
-
 /** Tokens a block adds to a pass (a bound, as `branchCost`): the stem once, then each member's rest. */
-function unitCost(branches: readonly EncodedQuestion[], members: readonly number[]): number {
-  const stem = stemOf(members.map((i) => branches[i]!.suffix));
-  return stem + members.reduce((s, i) => s + branchCost(branches[i]!) - stem, 0);
+function blockCost(branches: readonly EncodedQuestion[], b: Block): number {
+  return b.stem + b.members.reduce((s, i) => s + branchCost(branches[i]!) - b.stem, 0);
 }
 
 /** `planPasses` over the blocks of the branches named by `which` (all when omitted), as branch indices. */
 function passesOf(prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which: readonly number[] | undefined, splitWidths: boolean): number[][] {
-  const units = unitsOf(branches, which ?? branches.map((_, i) => i));
-  return planPasses(prefixLength, units.map((u) => unitCost(branches, u)), limit, splitWidths).map((pass) => pass.flatMap((j) => units[j]!));
+  const blocks = blocksOf(branches, which);
+  return planPasses(prefixLength, blocks.map((b) => blockCost(branches, b)), limit, splitWidths).map((pass) => pass.flatMap((j) => blocks[j]!.members));
 }

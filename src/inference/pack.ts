@@ -12,7 +12,7 @@
  * A question asked in several presentations (option-order debiasing, a
  * statement's two readings) hangs them off one block: their common leading
  * tokens (the stem: the question's line and the list's start) once, then
- * each presentation's rest as a chain off the stem (`group`, blockUnits).
+ * each presentation's rest as a chain off the stem (`group`, blocksOf).
  * Each still sees the prefix, the stem and its own rest, at the positions it
  * has alone.
  *
@@ -188,7 +188,7 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
     });
   };
 
-  for (const unit of blockUnits(questions, tries)) {
+  for (const unit of blocksOf(questions)) {
     const blockStart = ids.length;
     const first = questions[unit.members[0]!]!;
     for (let i = 0; i < unit.stem; i++) {
@@ -231,34 +231,14 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
   };
 }
 
-interface BlockUnit {
-  /** Question indices in the block, in layout order. */
+/** One block of a pass: question indices in layout order, and the leading suffix tokens they share (computed once). */
+export interface Block {
   members: number[];
-  /** Leading suffix tokens the members share, computed once at the block's start. */
   stem: number;
-  /** Tokens of the block. */
-  length: number;
 }
 
-/** Tokens a question's label trie adds to its block (pack's needsToken nodes). */
-function trieTokens({ root, nested }: { root: TrieNode; nested: boolean }): number {
-  let n = 0;
-  const walk = (t: TrieNode): void =>
-    t.children.forEach((c) => {
-      if (c.children.size > 0 || (nested && c.ends.length > 0)) {
-        n++;
-        walk(c);
-      }
-    });
-  walk(root);
-  return n;
-}
-
-/**
- * Leading tokens that a group's suffixes share and compute once (its stem).
- * Each keeps at least its last suffix token: its answer is read there.
- */
-export function stemOf(suffixes: readonly (readonly number[])[]): number {
+/** Leading tokens a group's suffixes share; each keeps at least its last suffix token, where its answer is read. */
+function stemOf(suffixes: readonly (readonly number[])[]): number {
   if (suffixes.length < 2) return 0;
   const most = Math.min(...suffixes.map((x) => x.length)) - 1;
   let stem = 0;
@@ -267,7 +247,7 @@ export function stemOf(suffixes: readonly (readonly number[])[]): number {
 }
 
 /** Branches by `group`, in order of first appearance; an ungrouped branch is a group of its own. */
-export function groupsOf(questions: readonly EncodedQuestion[], idx: readonly number[] = questions.map((_, i) => i)): number[][] {
+function groupsOf(questions: readonly EncodedQuestion[], idx: readonly number[]): number[][] {
   const byGroup = new Map<number, number[]>();
   const out: number[][] = [];
   for (const i of idx) {
@@ -293,23 +273,22 @@ const byTokens = (a: readonly number[], b: readonly number[]): number => {
 };
 
 /**
- * The blocks of a pass. A group (one question's presentations) with a stem
- * is one block: the stem once, then each presentation's rest in token order.
+ * The blocks `pack` lays out for the branches `idx` (all when omitted), which
+ * the pass planner takes whole (Engine.passesOf). A group (one question's
+ * presentations) with a stem is one block: the stem once, then each
+ * presentation's rest in token order; any other branch is its own block.
  * Both rules depend on the group alone, never on the rest of the pass: the
  * int8 graph reads a block laid out differently a little differently (a
  * different order of float sums crosses the per-row activation scales'
  * rounding; session 12 measured 0.08–0.13 in log-probability), so a question
  * must be laid out the same alone, among 63 others, with its options in any
- * order, and in any pass of a multi-pass read (the planner keeps a group in
- * one pass: Engine.passesOf).
+ * order, and in any pass of a multi-pass read.
  */
-function blockUnits(questions: readonly EncodedQuestion[], tries: readonly { root: TrieNode; nested: boolean }[]): BlockUnit[] {
-  const own = (i: number) => questions[i]!.suffix.length + trieTokens(tries[i]!);
-  return groupsOf(questions).flatMap((members) => {
+export function blocksOf(questions: readonly EncodedQuestion[], idx: readonly number[] = questions.map((_, i) => i)): Block[] {
+  return groupsOf(questions, idx).flatMap((members) => {
     const stem = stemOf(members.map((i) => questions[i]!.suffix));
-    if (stem === 0) return members.map((i) => ({ members: [i], stem: 0, length: own(i) }));
-    const sorted = [...members].sort((a, b) => byTokens(questions[a]!.suffix, questions[b]!.suffix));
-    return [{ members: sorted, stem, length: stem + sorted.reduce((s, i) => s + own(i) - stem, 0) }];
+    if (stem === 0) return members.map((i) => ({ members: [i], stem: 0 }));
+    return [{ members: [...members].sort((a, b) => byTokens(questions[a]!.suffix, questions[b]!.suffix)), stem }];
   });
 }
 
