@@ -74,7 +74,9 @@ const tarball = path.join(dir, SDIST.file);
 if (!fs.existsSync(tarball) || sha256(tarball) !== SDIST.sha256) {
   say(`pip download ${SDIST.name}==${SDIST.version} (sdist) ...`);
   const py = process.env.ASSAY_PYTHON ?? "python3";
-  run(py, ["-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--no-binary=:all:", "--no-build-isolation", "-d", dir, `${SDIST.name}==${SDIST.version}`]);
+  // With build isolation: pip reads an sdist's metadata through its build backend (scikit-build-core), which
+  // a fresh machine's python lacks; isolated, pip fetches it from the same index for the download alone.
+  run(py, ["-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--no-binary=:all:", "-d", dir, `${SDIST.name}==${SDIST.version}`]);
 }
 const got = sha256(tarball);
 if (got !== SDIST.sha256) {
