@@ -193,8 +193,8 @@ class Work implements AdmittedWork {
 const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after about one second";
 
 /**
- * Bytes per ms a session load reads at, plus set-up (as the model lifecycle estimates it): the prior
- * before a model's load was timed. Once timed, its last main-worker load is the estimate: the prior is
+ * Bytes per ms a session load reads at, plus set-up: the prior before a model's load was timed, for
+ * admission here and for the model lifecycle's 503 Retry-After (estimateLoadMs). Once timed, its last main-worker load is the estimate: the prior is
  * 3–5× too long on a warm page cache (a reload of both builds after a crash estimated at 22.6 s ran in
  * about 5 s), enough, with other organizations' recent work, to refuse the first request after a crash.
  */
@@ -663,7 +663,7 @@ export class InferencePool {
           // Reload before anything else runs on the new thread (not when a load itself killed it: no loop).
           if (job.task.kind !== "infer") return;
           for (const model of this.loaded) {
-            this.enqueue(lane, { kind: "load", model }, { bounded: false, front: true, cost: this.loadCost(model) }).then(
+            this.enqueue(lane, { kind: "load", model }, { bounded: false, front: true, cost: this.estimateLoadMs(model) }).then(
               (r) => {
                 if (!r.ok) console.error(`[assay] inference lane ${lane.index}: reload of ${model} failed: ${r.message}`);
               },
@@ -681,7 +681,8 @@ export class InferencePool {
       });
   }
 
-  private loadCost(model: string): number {
+  /** The model lifecycle's estimate too (ModelLoader): one prior for a load, wherever it is asked. */
+  estimateLoadMs(model: string): number {
     const timed = this.loadMs.get(model);
     if (timed !== undefined) return timed;
     return LOAD_SETUP_MS + fileSize(model) / LOAD_BYTES_PER_MS;
@@ -722,7 +723,7 @@ export class InferencePool {
 
   /** Load (or unload) a model on every lane. Never refused for a full queue; runs once the inference tasks queued before it have started. */
   async setLoaded(model: string, loaded: boolean): Promise<LoadOk[]> {
-    const cost = loaded ? this.loadCost(model) : 0;
+    const cost = loaded ? this.estimateLoadMs(model) : 0;
     const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, { bounded: false, cost })));
     for (const r of out) if (!r.ok) throw new AssayError(r.code, r.message);
     if (loaded) this.loaded.add(model);

@@ -1,4 +1,3 @@
-import fs from "node:fs";
 import { AssayError } from "../errors/catalogue.js";
 import { inSchedule, type Schedule } from "./schedule.js";
 
@@ -13,6 +12,8 @@ import { inSchedule, type Schedule } from "./schedule.js";
 export interface ModelLoader {
   /** Loads or unloads the model file on every inference lane; resolves when done. */
   setLoaded(modelPath: string, loaded: boolean): Promise<{ loadMs: number }[]>;
+  /** How long a load of the model file is expected to take, before this lifecycle has timed one. */
+  estimateLoadMs(modelPath: string): number;
 }
 
 type State = "unloaded" | "loading" | "loaded";
@@ -40,10 +41,6 @@ export interface LifecycleOptions {
   tickMs?: number;
 }
 
-/** Bytes per ms a session load reads at, before one was measured (about 150 MB/s, plus set-up). */
-const LOAD_BYTES_PER_MS = 150_000;
-const LOAD_SETUP_MS = 2_000;
-
 export class ModelLifecycle {
   private readonly entries = new Map<string, Entry>();
   private timer: NodeJS.Timeout | null = null;
@@ -59,15 +56,6 @@ export class ModelLifecycle {
   }
 
   register(build: string, modelPath: string, availability: "always" | "scheduled"): void {
-    let size = 0;
-    // The weights live in the external data file beside the graph.
-    for (const f of [modelPath, `${modelPath}.data`]) {
-      try {
-        size += fs.statSync(f).size;
-      } catch {
-        // The load itself reports a missing file.
-      }
-    }
     this.entries.set(build, {
       build,
       path: modelPath,
@@ -75,7 +63,7 @@ export class ModelLifecycle {
       state: "unloaded",
       loading: null,
       loadStartedAt: 0,
-      estimateMs: LOAD_SETUP_MS + size / LOAD_BYTES_PER_MS,
+      estimateMs: this.loader.estimateLoadMs(modelPath),
       lastUsedAt: 0,
       inFlight: 0,
       lastError: null,

@@ -50,6 +50,9 @@ class ManualLoaderForLifecycleTests implements ModelLoader {
     if (!loaded) return Promise.resolve([{ loadMs: 0 }]);
     return new Promise((resolve) => this.pending.push(() => resolve([{ loadMs: 4_000 }])));
   }
+  estimateLoadMs(): number {
+    return 2_000;
+  }
 }
 
 describe("model lifecycle", () => {
