@@ -202,13 +202,15 @@ export class Engine {
   /**
    * Every branch against one prefix, read token by token (the readout study
    * compares sums, means and first tokens from one reading). Passes are planned
-   * as `scoreMany` plans them.
+   * as `scoreMany` plans them, blocks whole, but with the prefix computed in
+   * every pass.
    */
   async readTokens(lb: LoadedBuild, prefix: number[], branches: readonly EncodedQuestion[], limit: number): Promise<{ readings: TokenReadings; ms: number; tokens: number }> {
     const readings: TokenReadings = new Array(branches.length);
     let ms = 0;
     let tokens = 0;
-    for (const pass of passesOf(prefix.length, branches, limit, undefined, this.splitsWidths(lb, prefix.length))) {
+    // No prefix cache here: a narrow block in a pass of its own would pay the prefix again.
+    for (const pass of passesOf(prefix.length, branches, limit, undefined, false)) {
       const packed = pack(prefix, pass.map((i) => branches[i]!));
       const { logprobs, runMs } = await this.infer(lb, packed, {});
       ms += runMs;

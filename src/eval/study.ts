@@ -307,10 +307,19 @@ export function askBefore(style: PromptStyle, it: EvalItem): { prefix: string; a
 
 /** Runs `asks` against one prefix, in as many passes as the packed-token limit needs. */
 async function readAsks(lb: LoadedBuild, engine: Engine, prefixStr: string, asks: readonly Ask[], maxTokens: number): Promise<{ branches: Branch[]; ms: number; tokens: number }> {
+  // A variant's presentations (its option orders) are one group, as the served prompt groups a
+  // question's presentations: the pack lays a group out behind its shared stem (pack.ts, blocksOf).
+  const groups = new Map<string, number>();
+  const groupOf = (a: Ask) => {
+    const key = `${a.v}\u0000${a.t ?? ""}`;
+    if (!groups.has(key)) groups.set(key, groups.size);
+    return groups.get(key)!;
+  };
   const encoded: EncodedQuestion[] = asks.map((a) => ({
     suffix: lb.tokenizer.encode(a.suffix),
     labels: a.labels.map((l) => labelIds(lb, l)),
     terminator: lb.terminator,
+    group: groupOf(a),
   }));
   const { readings, ms, tokens } = await engine.readTokens(lb, lb.tokenizer.encode(prefixStr), encoded, maxTokens);
   const branches = asks.map((a, j): Branch => ({ v: a.v, ...(a.t !== undefined ? { t: a.t } : {}), option: a.option, lps: readings[j]! }));
