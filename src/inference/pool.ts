@@ -194,9 +194,10 @@ const BUSY_DETAIL = "the model is busy: the inference queue is full; retry after
 
 /**
  * Bytes per ms a session load reads at, plus set-up: the prior before a model's load was timed, for
- * admission here and for the model lifecycle's 503 Retry-After (estimateLoadMs). Once timed, its last main-worker load is the estimate: the prior is
- * 3–5× too long on a warm page cache (a reload of both builds after a crash estimated at 22.6 s ran in
- * about 5 s), enough, with other organizations' recent work, to refuse the first request after a crash.
+ * admission here and for the model lifecycle's 503 Retry-After (estimateLoadMs). Once timed, its last
+ * main-worker load is the estimate: the prior is 3–5× too long on a warm page cache (a reload of both
+ * builds after a crash estimated at 22.6 s ran in about 5 s), enough, with other organizations' recent
+ * work, to refuse the first request after a crash.
  */
 const LOAD_BYTES_PER_MS = 150_000;
 const LOAD_SETUP_MS = 2_000;
@@ -681,7 +682,7 @@ export class InferencePool {
       });
   }
 
-  /** The model lifecycle's estimate too (ModelLoader): one prior for a load, wherever it is asked. */
+  /** A load's expected time: the last timed main-worker load, else the size prior. The lifecycle asks it too (ModelLoader). */
   estimateLoadMs(model: string): number {
     const timed = this.loadMs.get(model);
     if (timed !== undefined) return timed;
