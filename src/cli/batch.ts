@@ -21,6 +21,7 @@ import { loadPricing, type Pricing } from "../batch/pricing.js";
 import { runBatch, type BatchResult } from "../batch/runner.js";
 import type { Scorer } from "../batch/scorer.js";
 import type { CliIO } from "./keys.js";
+import { defined, positiveInt } from "./options.js";
 import { stderrStream } from "./progress.js";
 
 export interface BatchCliOptions {
@@ -37,11 +38,6 @@ export interface BatchCliOptions {
   signal?: AbortSignal;
 }
 
-const positiveInt = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
-  return n;
-};
 
 function progressBar(io: CliIO, total: number): { tick(done: number): void; stop(): void } {
   const stream = stderrStream(io);

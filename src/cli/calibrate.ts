@@ -33,6 +33,7 @@ import {
   type FitItem,
 } from "../eval/calibrate.js";
 import type { CliIO } from "./keys.js";
+import { defined, positiveInt } from "./options.js";
 import { calibrateFamilyCommand } from "./calibrate-family.js";
 
 export interface CalibrateCliOptions {
@@ -104,11 +105,6 @@ export interface CalibrateResult {
   items: FitItem[];
 }
 
-const positiveInt = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
-  return n;
-};
 
 const GENERAL_KEY = /^(noul|choice|score):/;
 
@@ -492,7 +488,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
               target: o.target,
               bandFraction: o.bandFraction,
               map: o.map,
-              ...(o.limit !== undefined ? { limit: o.limit } : {}),
+              ...defined({ limit: o.limit }),
               // A claim is a noul question: its prior is the noul weight and neutral state.
               ...(o.prior?.["noul"] !== undefined ? { prior: { weight: o.prior["noul"], state: o.priorState?.["noul"] ?? "N/A" } } : {}),
             },
@@ -508,18 +504,20 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
             folds: o.folds,
             write: o.write,
             concurrency: o.concurrency,
-            ...(o.limit !== undefined ? { limit: o.limit } : {}),
-            ...(o.split !== undefined ? { split: o.split } : {}),
-            ...(o.out !== undefined ? { out: o.out } : {}),
-            ...(o.debias !== undefined ? { debias: o.debias } : {}),
-            ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
-            ...(o.readouts !== undefined ? { readouts: o.readouts } : {}),
-            ...(o.readAs !== undefined ? { readAs: o.readAs } : {}),
-            ...(o.fromResults !== undefined ? { fromResults: o.fromResults } : {}),
-            ...(o.prior !== undefined ? { prior: o.prior } : {}),
-            ...(o.priorState !== undefined ? { priorState: o.priorState } : {}),
-            ...(o.demonstrations !== undefined ? { demonstrations: o.demonstrations } : {}),
-            ...(o.fromReadouts !== undefined ? { fromReadouts: o.fromReadouts } : {}),
+            ...defined({
+              limit: o.limit,
+              split: o.split,
+              out: o.out,
+              debias: o.debias,
+              shifts: o.shifts,
+              readouts: o.readouts,
+              readAs: o.readAs,
+              fromResults: o.fromResults,
+              prior: o.prior,
+              priorState: o.priorState,
+              demonstrations: o.demonstrations,
+              fromReadouts: o.fromReadouts,
+            }),
           },
           io,
         );

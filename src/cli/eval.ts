@@ -20,6 +20,7 @@ import { runDatasets, type Progress } from "../eval/runner.js";
 import { summarize } from "../eval/summary.js";
 import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
 import type { CliIO } from "./keys.js";
+import { defined, positiveInt } from "./options.js";
 import { stderrStream } from "./progress.js";
 
 export interface EvalCliOptions {
@@ -37,11 +38,6 @@ export interface EvalCliOptions {
   calibration?: string;
 }
 
-const positiveInt = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`${name} must be a positive integer`);
-  return n;
-};
 
 /** `bench/out/eval/<model>-<UTC timestamp>` under the repository root. */
 export function defaultOutDir(model: string, now = new Date()): string {
@@ -208,9 +204,7 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
             flip: false,
             concurrency: 1,
             requests: o.debiasCost,
-            ...(o.limit !== undefined ? { limit: o.limit } : {}),
-            ...(o.split !== undefined ? { split: o.split } : {}),
-            ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
+            ...defined({ limit: o.limit, split: o.split, shifts: o.shifts }),
           },
           io,
         );
@@ -223,12 +217,7 @@ export function registerEvalCommand(program: Command, io: CliIO): void {
           data: o.data,
           flip: o.flip,
           concurrency: o.concurrency,
-          ...(o.limit !== undefined ? { limit: o.limit } : {}),
-          ...(o.split !== undefined ? { split: o.split } : {}),
-          ...(o.out !== undefined ? { out: o.out } : {}),
-          ...(o.debias !== undefined ? { debias: o.debias } : {}),
-          ...(o.shifts !== undefined ? { shifts: o.shifts } : {}),
-          ...(o.calibration !== undefined ? { calibration: o.calibration } : {}),
+          ...defined({ limit: o.limit, split: o.split, out: o.out, debias: o.debias, shifts: o.shifts, calibration: o.calibration }),
         },
         io,
       );

@@ -107,12 +107,13 @@ export function registerStudyCommand(program: Command, io: CliIO): void {
           // A subset of variants gets a file of its own: its rows must not pass for full rows on a later run.
           const subset = o.variants ? `.${[...o.variants].sort().join("+")}` : "";
           const file = path.join(dir, `${ds.name}${o.before ? "" : ".after"}${subset}.jsonl`);
-          const rows = await collectStudy(o.reportOnly ? { ...ds, items: [] } : ds, file, {
+          const rows = await collectStudy(ds, file, {
             lb,
             engine: pipeline.engine,
             maxTokens: passLimit(lb, config.maxPackedTokens),
             before: o.before,
             ...(o.variants ? { variants: new Set(o.variants) } : {}),
+            cachedOnly: o.reportOnly,
             onRow: () => bar.increment(),
           });
           const want = new Set(ds.items.map((i) => i.id));

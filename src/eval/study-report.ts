@@ -26,6 +26,8 @@ export interface Readout {
   cf: number;
   /** Which neutral state's reads make the prior. */
   neutral: string;
+  /** noul: the prior's weight for a question written as a question (`cf` then weighs statements only). */
+  cfQuestion?: number;
 }
 
 const lse = (xs: readonly number[]) => {
@@ -97,10 +99,11 @@ export function optionScores(branches: readonly Branch[], v: string, k: number, 
 /** Scores of one row under a readout, with the content-free prior subtracted when asked. */
 export function rowScores(row: StudyRow, r: Readout): number[] | null {
   const s = optionScores(row.branches, r.v, row.k, r.mode);
-  if (!s || r.cf === 0) return s;
+  const w = r.cfQuestion !== undefined && row.statement === false ? r.cfQuestion : r.cf;
+  if (!s || w === 0) return s;
   const c = optionScores(row.cf[r.neutral] ?? [], r.v, row.k, r.mode);
   if (!c) return null;
-  return s.map((x, i) => x - r.cf * c[i]!);
+  return s.map((x, i) => x - w * c[i]!);
 }
 
 export interface Scored {
@@ -219,10 +222,15 @@ export function readouts(rows: readonly StudyRow[]): Readout[] {
           out.push({ v, mode, cf: 1, neutral });
           out.push({ v, mode, cf: 0.5, neutral });
         }
+        // The served noul readout with the prior weighed apart for questions (statements keep weight 1).
+        if (v === "question_ctx+auto" && rows.every((row) => row.statement !== undefined)) {
+          for (const q of [0, 0.25, 0.5]) out.push({ v, mode, cf: 1, neutral: "", cfQuestion: q });
+        }
       }
     }
   }
   return out;
 }
 
-export const readoutName = (r: Readout) => `${r.v}${r.mode === "sum" ? "" : `/${r.mode}`}${r.cf === 0 ? "" : ` −${r.cf}·cf(${r.neutral === "" ? "empty" : r.neutral})`}`;
+export const readoutName = (r: Readout) =>
+  `${r.v}${r.mode === "sum" ? "" : `/${r.mode}`}${r.cf === 0 ? "" : ` −${r.cf}·cf(${r.neutral === "" ? "empty" : r.neutral})`}${r.cfQuestion === undefined ? "" : `, questions −${r.cfQuestion}`}`;

@@ -56,6 +56,8 @@ export interface StudyRow {
   /** Engine milliseconds of the main pass, and its packed tokens. */
   ms: number;
   tokens: number;
+  /** noul: whether the question is written as a statement (prompt/isStatement); set from the data set when read, not cached. */
+  statement?: boolean;
 }
 
 interface Ask {
@@ -340,6 +342,8 @@ export interface CollectOptions {
   before: boolean;
   /** Read only the variants named here (all when absent). */
   variants?: ReadonlySet<string>;
+  /** Read nothing: return the cached rows (the data set still gives each row its form). */
+  cachedOnly?: boolean;
   onRow?: () => void;
 }
 
@@ -363,7 +367,10 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
   fs.mkdirSync(path.dirname(file), { recursive: true });
   const cfCache = new Map<string, Branch>();
   const wanted = (a: Ask) => !opts.variants || opts.variants.has(a.v);
-  for (const it of ds.items) {
+  // The form is the data set's, so rows cached before the field existed get it too.
+  const form = new Map(ds.items.flatMap((it) => (it.type === "noul" ? [[it.id, isStatement(questionOf(it))] as const] : [])));
+  for (const r of rows) if (form.has(r.id)) r.statement = form.get(r.id)!;
+  for (const it of opts.cachedOnly ? [] : ds.items) {
     if (done.has(it.id)) {
       opts.onRow?.();
       continue;
@@ -390,7 +397,7 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
     }
     const row: StudyRow = { id: it.id, ...goldOf(it), branches, cf, ms: main.ms, tokens: main.tokens };
     fs.appendFileSync(file, `${JSON.stringify(row)}\n`);
-    rows.push(row);
+    rows.push(form.has(it.id) ? { ...row, statement: form.get(it.id)! } : row);
     opts.onRow?.();
   }
   return rows;

@@ -58,6 +58,19 @@ describe("readout study reads (real 0.5B build)", () => {
     const r = readouts(rows).find((x) => readoutName(x) === "question_ctx −1·cf(empty)");
     expect(r).toBeDefined();
     expect(score(rows, r!)).not.toBeNull();
+    // Each row knows its form, and the served readout with the questions' prior weighed apart changes
+    // the question's score only: the statement keeps weight 1.
+    expect(rows.map((x) => [x.id, x.statement])).toEqual([
+      ["q", false],
+      ["s", true],
+    ]);
+    const byName = (n: string) => score(rows, readouts(rows).find((x) => readoutName(x) === n)!)!.scores;
+    const served = byName("question_ctx+auto −1·cf(empty)");
+    const apart = byName("question_ctx+auto −1·cf(empty), questions −0");
+    const none = byName("question_ctx+auto");
+    expect(apart[0]).toEqual(none[0]);
+    expect(apart[1]).toEqual(served[1]);
+    expect(apart[0]).not.toEqual(served[0]);
   });
 
   it("reads only the variants named", async () => {
