@@ -54,9 +54,10 @@ const Env = z.object({
   ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on CUDA" }),
   /**
    * CPU: the nice value of a lane's main worker while it has an express worker beside it, so that a
-   * short pass beside a long one gets most of the cores (CFS weights 1024 against 335 at nice 5).
+   * short pass beside a long one gets most of the cores (CFS weights 1024 against 110 at nice 10;
+   * nice 5, 1024 against 335, was the default until session 21: bench/RESULTS.md).
    */
-  ASSAY_MAIN_WORKER_NICE: z.coerce.number().int().min(0).max(19).default(5).meta({ doc: "CPU with the express worker on: the nice value of each lane's main worker (onnxruntime's threads inherit it), so that a short pass beside a long one gets about three quarters of the cores instead of half; `0` gives both workers equal priority. See [the express worker](docs/architecture.md#the-express-worker)" }),
+  ASSAY_MAIN_WORKER_NICE: z.coerce.number().int().min(0).max(19).default(10).meta({ doc: "CPU with the express worker on: the nice value of each lane's main worker (onnxruntime's threads inherit it), so that a short pass beside a long one gets about nine tenths of the cores instead of half; `0` gives both workers equal priority. See [the express worker](docs/architecture.md#the-express-worker)" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
