@@ -10,7 +10,7 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { CommanderError, InvalidArgumentError, type Command } from "commander";
+import { CommanderError, type Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig } from "../config/index.js";
 import { ModelRegistry } from "../models/registry.js";
@@ -21,7 +21,7 @@ import { loadPricing, type Pricing } from "../batch/pricing.js";
 import { runBatch, type BatchResult } from "../batch/runner.js";
 import type { Scorer } from "../batch/scorer.js";
 import type { CliIO } from "./keys.js";
-import { defined, positiveInt } from "./options.js";
+import { positiveInt } from "./options.js";
 import { stderrStream } from "./progress.js";
 
 export interface BatchCliOptions {
@@ -37,7 +37,6 @@ export interface BatchCliOptions {
   progress?: boolean;
   signal?: AbortSignal;
 }
-
 
 function progressBar(io: CliIO, total: number): { tick(done: number): void; stop(): void } {
   const stream = stderrStream(io);

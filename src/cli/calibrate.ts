@@ -105,7 +105,6 @@ export interface CalibrateResult {
   items: FitItem[];
 }
 
-
 const GENERAL_KEY = /^(noul|choice|score):/;
 
 /**

@@ -7,7 +7,7 @@
  * output folder. Progress and notes go to stderr. See src/eval/README.md.
  */
 import path from "node:path";
-import { InvalidArgumentError, type Command } from "commander";
+import type { Command } from "commander";
 import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
@@ -37,7 +37,6 @@ export interface EvalCliOptions {
   /** "none" for identity, or a calibration file (refused unless fitted on this build); default: what the build loads. */
   calibration?: string;
 }
-
 
 /** `bench/out/eval/<model>-<UTC timestamp>` under the repository root. */
 export function defaultOutDir(model: string, now = new Date()): string {
