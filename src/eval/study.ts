@@ -367,9 +367,6 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
   fs.mkdirSync(path.dirname(file), { recursive: true });
   const cfCache = new Map<string, Branch>();
   const wanted = (a: Ask) => !opts.variants || opts.variants.has(a.v);
-  // The form is the data set's, so rows cached before the field existed get it too.
-  const form = new Map(ds.items.flatMap((it) => (it.type === "noul" ? [[it.id, isStatement(questionOf(it))] as const] : [])));
-  for (const r of rows) if (form.has(r.id)) r.statement = form.get(r.id)!;
   for (const it of opts.cachedOnly ? [] : ds.items) {
     if (done.has(it.id)) {
       opts.onRow?.();
@@ -397,8 +394,11 @@ export async function collectStudy(ds: Dataset, file: string, opts: CollectOptio
     }
     const row: StudyRow = { id: it.id, ...goldOf(it), branches, cf, ms: main.ms, tokens: main.tokens };
     fs.appendFileSync(file, `${JSON.stringify(row)}\n`);
-    rows.push(form.has(it.id) ? { ...row, statement: form.get(it.id)! } : row);
+    rows.push(row);
     opts.onRow?.();
   }
+  // The form comes from the data set after the file is written, so rows cached before the field existed get it too.
+  const form = new Map(ds.items.flatMap((it) => (it.type === "noul" ? [[it.id, isStatement(questionOf(it))] as const] : [])));
+  for (const r of rows) if (form.has(r.id)) r.statement = form.get(r.id)!;
   return rows;
 }
