@@ -71,6 +71,28 @@ async function injectFault(t: InferTask): Promise<void> {
   while (Atomics.load(f.flag, 0) === 0) await waitAsync(f.flag, 0, 0).value;
 }
 
+/**
+ * onnxruntime-node refuses a tensor on shared memory ("Invalid argument"), so
+ * a cached prefix's keys and values are copied here, on the worker's thread.
+ * Into a buffer this worker keeps: a fresh 114 MB array (a 2,000-token state
+ * of the 1.5B build) cost 60–430 ms in page faults and collection, against
+ * 11 ms to copy into memory already touched (bench/RESULTS.md, session 22).
+ * A worker runs one task at a time (piscina's concurrentTasksPerWorker 1) and
+ * onnxruntime does not hold a feed past `run`, so one buffer serves every
+ * pass. Prefixes above SCRATCH_MAX_BYTES get a fresh array, so that one long
+ * state does not pin its size for the worker's life.
+ */
+const SCRATCH_MAX_BYTES = 256 * 1024 * 1024;
+let scratch: Float32Array | undefined;
+
+function unshared(src: Float32Array): Float32Array {
+  if (src.byteLength > SCRATCH_MAX_BYTES) return new Float32Array(src);
+  if (!scratch || scratch.length < src.length) scratch = new Float32Array(src.length);
+  const view = scratch.subarray(0, src.length);
+  view.set(src);
+  return view;
+}
+
 async function infer(t: InferTask): Promise<TaskResult> {
   const { session: s, provider } = await session(t.model);
   await injectFault(t);
@@ -88,9 +110,7 @@ async function infer(t: InferTask): Promise<TaskResult> {
   if (kv) {
     const { layers, kvHeads, headDim } = kv.layout;
     const past = kv.past ?? { data: new Float32Array(0), tokens: 0 };
-    // onnxruntime-node refuses a tensor on shared memory ("Invalid argument"):
-    // copied here, on the worker's thread, not on the event loop.
-    const data = past.data.buffer instanceof SharedArrayBuffer ? new Float32Array(past.data) : past.data;
+    const data = past.data.buffer instanceof SharedArrayBuffer ? unshared(past.data) : past.data;
     feeds.past_kv = new ort.Tensor("float32", data, [2, layers, kvHeads, past.tokens, headDim]);
   }
   const fetches = kv && kv.keep > 0 ? ["logprobs", "present_kv"] : ["logprobs"];

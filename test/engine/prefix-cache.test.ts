@@ -145,6 +145,20 @@ describe("prefix cache", () => {
     expect(maxDiff(got, await plain.run(lb, packed))).toBeLessThanOrEqual(TOL);
   }, 120_000);
 
+  it("hits on a long state, then a short one, then the long one again read what their whole passes read (the worker's kept buffer outgrows the keys it is handed)", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const long = prepare(lb, `${STATE}\n\n${STATE}\n\n${STATE}`, QUESTIONS).packed;
+    const short = prepare(lb, STATE, { late: { type: "noul", instructions: "The jacket has shipped." } }).packed;
+    expect(long.prefixLength).toBeGreaterThan(2 * short.prefixLength);
+    for (const p of [long, short]) await pipeline.engine.run(lb, p, ctx("org-buffer"));
+    for (const p of [long, short, long]) {
+      const c = ctx("org-buffer");
+      const got = await pipeline.engine.run(lb, p, c);
+      expect(c.timings.cachedPrefixTokens).toBe(p.prefixLength - COMPUTED_PREFIX_TOKENS);
+      expect(maxDiff(got, await plain.run(lb, p))).toBeLessThanOrEqual(TOL);
+    }
+  }, 120_000);
+
   it("is partitioned by organization: another organization's same state is computed again", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     const { packed } = prepare(lb, STATE, QUESTIONS);
