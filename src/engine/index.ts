@@ -428,24 +428,46 @@ export function branchCost(b: EncodedQuestion): number {
 }
 
 /**
+ * With `splitWidths`, a block starts a pass of its own when it is at most
+ * SPLIT_WIDTH of the pass's longest and the padding this saves is worth a
+ * pass: the blocks that would join, each padded by (longest − its width)
+ * slots, each slot a row of attention against prefix + longest keys, at
+ * least MIN_SPLIT_PAIRS pairs. A padded slot costs a whole row of attention
+ * against the state; a pass continuing a cached state costs its own tokens
+ * plus a fixed part, the weights read once more: about 250 ms on the 1.5B
+ * and 50 ms on the 0.5B here, or 70,000 and 27,000 pairs at the cost
+ * model's per-pair prior (bench/RESULTS.md, session 22). Code search items
+ * (widths from tens to 1,500 tokens) were read in 0.93× the time at 0.9
+ * against session 19's 0.5, and mixed general requests in 0.90–0.98×.
+ */
+export const SPLIT_WIDTH = 0.9;
+export const MIN_SPLIT_PAIRS = 70_000;
+
+/**
  * Groups blocks into passes. The graph pads every block of a pass to the
  * pass's longest one (attention is [blocks × longest × (prefix + longest)]),
  * so the budget counts padded tokens: longest-first, a pass takes blocks
  * while prefix + count × longest stays within `limit`. Blocks of similar
  * length end up together and memory stays bounded by the limit. With
  * `splitWidths` (a later pass continues the prefix's keys and values instead
- * of computing them again), a block at most half the pass's longest starts a
- * pass of its own: padding it would cost more attention than it holds (a
- * 4-option question's shared block among 30 statements' made the request
- * 1.24× slower in one pass, bench/RESULTS.md session 19).
+ * of computing them again), a block narrower than the pass's longest starts
+ * a pass of its own where the padding saved is worth a pass (SPLIT_WIDTH,
+ * MIN_SPLIT_PAIRS): a 4-option question's shared block among 30 statements'
+ * made the request 1.24× slower in one pass (bench/RESULTS.md session 19).
  */
 export function planPasses(prefixLength: number, costs: readonly number[], limit: number, splitWidths = false): number[][] {
   const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
   const passes: number[][] = [];
   let cur: number[] = [];
   let longest = 0;
-  for (const i of order) {
-    if (cur.length > 0 && (prefixLength + (cur.length + 1) * longest > limit || (splitWidths && 2 * costs[i]! <= longest))) {
+  // Padded pairs saved by starting a new pass at the n-th block: it and the narrower blocks after it that would still fit.
+  const saved = (n: number) => {
+    const joining = Math.min(order.length - n, Math.floor((limit - prefixLength) / longest) - cur.length);
+    return joining * (longest - costs[order[n]!]!) * (prefixLength + longest);
+  };
+  for (const [n, i] of order.entries()) {
+    const full = prefixLength + (cur.length + 1) * longest > limit;
+    if (cur.length > 0 && (full || (splitWidths && costs[i]! <= SPLIT_WIDTH * longest && saved(n) >= MIN_SPLIT_PAIRS))) {
       passes.push(cur);
       cur = [];
     }

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { DEFAULT_BAND, escalate, fitBand, unsureIndices } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
 import { crossValidateRecall, foldsByGroup, type ScoredItem } from "../../src/eval/family-fit.js";
-import { planPasses } from "../../src/engine/index.js";
+import { MIN_SPLIT_PAIRS, planPasses, SPLIT_WIDTH } from "../../src/engine/index.js";
 import { ModelLifecycle, type ModelLoader } from "../../src/models/lifecycle.js";
 import { inSchedule, parseSchedule } from "../../src/models/schedule.js";
 import { AssayError } from "../../src/errors/catalogue.js";
@@ -170,13 +170,18 @@ describe("packing and chunking", () => {
     expect(passes.flat().sort()).toEqual([0, 1, 2, 3, 4, 5]);
     expect(passes).toEqual([[1], [3], [4, 0], [5, 2]]);
   });
-  it("with splitWidths, a block at most half the pass's longest starts a pass of its own", () => {
-    // One wide block (a 4-option question's shared presentations) and narrow statements.
+  it("with splitWidths, a narrower block starts a pass of its own where the padding it saves is worth a pass", () => {
+    expect([SPLIT_WIDTH, MIN_SPLIT_PAIRS]).toEqual([0.9, 70_000]);
+    // One wide block (a 4-option question's shared presentations), two mid-width ones and narrow statements.
     const costs = [30, 180, 35, 32, 95, 91];
     expect(planPasses(500, costs, 8192)).toEqual([[1, 4, 5, 2, 3, 0]]);
-    expect(planPasses(500, costs, 8192, true)).toEqual([[1, 4, 5], [2, 3, 0]]);
-    // Blocks alike in width stay in one pass either way.
-    expect(planPasses(500, [60, 58, 61, 59], 8192, true)).toEqual([[2, 0, 3, 1]]);
+    // 95 after 180 saves 5 blocks × 85 slots × 680 keys; 30 after 35 only 1 × 5 × 535: not worth a pass.
+    expect(planPasses(500, costs, 8192, true)).toEqual([[1], [4, 5], [2, 3, 0]]);
+    // Blocks alike in width (within a tenth of the longest) stay in one pass either way.
+    expect(planPasses(500, [60, 58, 61, 59, 56], 8192, true)).toEqual([[2, 0, 3, 1, 4]]);
+    // Code search items: at SPLIT_WIDTH of the longest a wide item starts a new pass, a narrow one at the same share does not.
+    expect(planPasses(800, [1000, 900], 8192, true)).toEqual([[0], [1]]);
+    expect(planPasses(100, [40, 36], 8192, true)).toEqual([[0, 1]]);
   });
   it("covers a long document with overlapping chunks and never cuts it", () => {
     expect(chunkRanges(100, 2048, 256)).toEqual([[0, 100]]);
