@@ -297,7 +297,6 @@ export function crossValidate(items: readonly FitItem[], folds = 5): CrossValida
   const out: CrossValidation[] = [];
   for (const ds of seen.keys()) {
     const mine = items.filter((it) => it.dataset === ds);
-    const type = mine[0]!.type;
     out.push(heldOutRow(ds, mine, mine.map((it) => oof.get(it)!), mine.map((it) => oofTemperature.get(it)!)));
   }
   return out;

@@ -32,7 +32,6 @@ export interface EvalReport {
 const NA = "–";
 const f3 = (x: number | null | undefined) => (x === null || x === undefined ? NA : x.toFixed(3));
 const f0 = (x: number | null | undefined) => (x === null || x === undefined ? NA : x.toFixed(0));
-const pct = (x: number | null | undefined) => (x === null || x === undefined ? NA : `${(100 * x).toFixed(1)}%`);
 
 /** The one-row-per-dataset Markdown table printed to stdout. */
 export function summaryTable(summaries: readonly DatasetSummary[]): string {
