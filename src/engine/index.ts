@@ -436,9 +436,10 @@ export function branchCost(b: EncodedQuestion): number {
  * against the state; a pass continuing a cached state costs its own tokens
  * plus a fixed part, the weights read once more: about 250 ms on the 1.5B
  * and 50 ms on the 0.5B here, or 70,000 and 27,000 pairs at the cost
- * model's per-pair prior (bench/RESULTS.md, session 22). Code search items
- * (widths from tens to 1,500 tokens) were read in 0.93× the time at 0.9
- * against session 19's 0.5, and mixed general requests in 0.90–0.98×.
+ * model's per-pair prior (bench/RESULTS.md, session 22). Against session
+ * 19's rule (half the longest), three code search dev rows (items from tens
+ * to 1,500 tokens wide) took 0.96× the time, the widest of them 0.88×, and
+ * mixed general requests 0.96–1.02×.
  */
 export const SPLIT_WIDTH = 0.9;
 export const MIN_SPLIT_PAIRS = 70_000;

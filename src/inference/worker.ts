@@ -74,7 +74,7 @@ async function injectFault(t: InferTask): Promise<void> {
 /**
  * onnxruntime-node refuses a tensor on shared memory ("Invalid argument"), so
  * a cached prefix's keys and values are copied here, on the worker's thread.
- * Into a buffer this worker keeps: a fresh 114 MB array (a 2,000-token state
+ * Into a buffer this worker keeps: a fresh 115 MB array (a 2,000-token state
  * of the 1.5B build) cost 60–430 ms in page faults and collection, against
  * 11 ms to copy into memory already touched (bench/RESULTS.md, session 22).
  * A worker runs one task at a time (piscina's concurrentTasksPerWorker 1) and
