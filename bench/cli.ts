@@ -15,6 +15,7 @@ import { pack } from "../src/inference/pack.js";
 import { InvalidArgumentError } from "commander";
 import { batchScenario } from "./batch.js";
 import { prefixScenario, type PrefixOptions } from "./prefix.js";
+import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
 import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
@@ -212,6 +213,17 @@ program
   .option("--naive-sample <n>", "items per request timed alone for the naive baseline", int("--naive-sample"), 4)
   .action(async (o: { codeRows: number; factRows: number; naiveSample: number }) => {
     await familiesScenario(o, command());
+  });
+
+program
+  .command("cost")
+  .description("admission's cost model: each pass predicted before it is learnt from, with and without the keys a pass continues")
+  .option("--models <list>", "general names whose builds run the requests", "vendor/judge-9B,judge-latest")
+  .option("--rounds <n>", "times the request set runs", int("--rounds"), 1)
+  .option("--min-ms <n>", "shortest pass counted in the errors", int("--min-ms"), 200)
+  .option("--cache-mb <n>", "ASSAY_PREFIX_CACHE_MB for the run (the server's default)", int("--cache-mb"), 1024)
+  .action(async (o: { models: string; rounds: number; minMs: number; cacheMb: number }) => {
+    await costScenario({ models: o.models.split(",").map((x) => x.trim()), rounds: o.rounds, minMs: o.minMs, cacheMb: o.cacheMb }, command());
   });
 
 program

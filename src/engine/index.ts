@@ -237,23 +237,29 @@ export class Engine {
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
-    const shapeOfPass = (prefix: number, pass: number[]) => {
+    const shapeOfPass = (prefix: number, pass: number[], past = 0) => {
       const c = blocksOf(branches, pass).map((b) => blockCost(branches, b));
-      return { model, shape: { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) } };
+      const shape = { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) };
+      return { model, shape: past > 0 ? { ...shape, past } : shape };
     };
     if (!this.isLong(lb, prefixLength, branches, limit, which))
       return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
-    // The chunks of the state, then branch passes carrying its last tokens (their attention to the rest is not in the shape).
+    // The chunks of the state, each continuing the ones before, then branch passes carrying its last tokens and attending to the rest.
     const held = prefixLength - COMPUTED_PREFIX_TOKENS;
+    let start = 0;
     return [
-      ...prefillChunkSizes(held, limit).map((c) => ({ model, shape: { tokens: c + 1, prefix: c, branches: 1, width: 1 } })),
-      ...longPassesOf(held, branches, limit, which).map((pass) => shapeOfPass(COMPUTED_PREFIX_TOKENS, pass)),
+      ...prefillChunkSizes(held, limit).map((c) => {
+        const shape = { tokens: c + 1, prefix: c, branches: 1, width: 1, ...(start > 0 ? { past: start } : {}) };
+        start += c;
+        return { model, shape, prefill: true as const };
+      }),
+      ...longPassesOf(held, branches, limit, which).map((pass) => shapeOfPass(COMPUTED_PREFIX_TOKENS, pass, held)),
     ];
   }
 
   /** `plan`'s passes as `infer` will run them for this organization: less what the caches hold (asRun). */
   planAsRun(lb: LoadedBuild, prefix: readonly number[], branches: readonly EncodedQuestion[], limit: number, orgId?: string, which?: readonly number[]): PlannedPass[] {
-    const planned = this.plan(lb, prefix.length, branches, limit, which);
+    const planned = this.lessCachedState(lb, this.plan(lb, prefix.length, branches, limit, which), prefix, orgId);
     const shapes = this.asRun(lb, planned.map((p) => p.shape), prefix, orgId);
     return planned.map((p, i) => ({ ...p, shape: shapes[i]! }));
   }
@@ -271,8 +277,21 @@ export class Engine {
     /** The request's prefix and organization: passes are planned as they will run, less what the caches hold. */
     from: { prefix: readonly number[]; orgId?: string | undefined },
   ): PlannedPass[] {
-    const shapes = passes.map((p) => ("shape" in p ? p.shape : shapeOf(p)));
+    const shapes = this.lessCachedState(lb, passes, from.prefix, from.orgId).map((p) => ("shape" in p ? p.shape : shapeOf(p)));
     return generalPasses(lb.build.onnxPath, this.asRun(lb, shapes, from.prefix, from.orgId), prior, shortlist);
+  }
+
+  /**
+   * The passes without a long state's prefill chunks when the prefix cache
+   * holds the state for this organization: `scoreLong` then runs only the
+   * branch passes (a second request on a long document would otherwise be
+   * estimated at a whole prefill, raising its deadline or refusing it).
+   */
+  private lessCachedState<P extends PackedRequest | PlannedPass>(lb: LoadedBuild, passes: readonly P[], prefix: readonly number[], orgId?: string): P[] {
+    if (!passes.some((p) => "prefill" in p && p.prefill)) return [...passes];
+    const held = BigInt64Array.from(prefix.slice(0, prefix.length - COMPUTED_PREFIX_TOKENS), BigInt);
+    if (!this.prefixes.has(lb.build.manifest.build_hash, orgId, held)) return [...passes];
+    return passes.filter((p) => !("prefill" in p && p.prefill));
   }
 
   /**
@@ -293,7 +312,8 @@ export class Engine {
       if (s.prefix !== prefix.length) return s;
       const computed = first;
       if (caching) first = COMPUTED_PREFIX_TOKENS;
-      return { ...s, tokens: s.tokens - s.prefix + computed, prefix: computed };
+      // What the caches hold is not computed again, but every row of the pass still attends to it.
+      return { ...s, tokens: s.tokens - s.prefix + computed, prefix: computed, ...(computed < s.prefix ? { past: s.prefix - computed } : {}) };
     });
   }
 

@@ -10,8 +10,11 @@ import type { PackedTensors } from "./pack.js";
  * Attention is split (src/inference/pack.ts): the prefix attends causally to
  * itself and each of the `branches` question blocks, padded to `width`,
  * attends to the prefix and to its own tokens, so the pairs are
- * P(P+1)/2 + B·W·(P + (W+1)/2). On a CPU the pair term is a third of a
- * 2,000-token pass and most of an 8,000-token one; on short passes it is noise.
+ * P(P+1)/2 + B·W·(P + (W+1)/2). A pass that continues `past` keys and values
+ * (a cached state, the pinned preamble, a long state's earlier chunks) has
+ * every row attend to them too: V·(P + B·W) more. On a CPU the pair term is a
+ * third of a 2,000-token pass and most of an 8,000-token one; on short passes
+ * it is noise.
  *
  * The three coefficients are a least-squares fit on relative error over the
  * passes the build has run, older passes weighing less and less (a factor
@@ -33,6 +36,8 @@ export interface PassShape {
   branches: number;
   /** Longest block: every block is padded to it in the attention. */
   width: number;
+  /** Keys and values the pass continues (computed by an earlier pass); absent: none. */
+  past?: number;
 }
 
 export interface CostCoefficients {
@@ -41,15 +46,17 @@ export interface CostCoefficients {
   perPair: number;
 }
 
-/** The shape of a packed request as the worker will run it. */
-export function shapeOf(p: PackedTensors): PassShape {
+/** The shape of a packed request as the worker will run it, continuing `past` keys and values. */
+export function shapeOf(p: PackedTensors, past = 0): PassShape {
   const tokens = p.inputIds.length;
-  return { tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth };
+  const shape = { tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth };
+  return past > 0 ? { ...shape, past } : shape;
 }
 
 /** Query–key pairs the split attention computes for a pass (per head and layer). */
 export function attentionPairs(s: PassShape): number {
-  return (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
+  const past = s.past ?? 0;
+  return past * (s.prefix + s.branches * s.width) + (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
 }
 
 /**
@@ -58,7 +65,8 @@ export function attentionPairs(s: PassShape): number {
  * known which of its questions the prior cache already holds.
  */
 export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {
-  return { ...s, tokens: s.tokens - s.prefix + prefix, prefix };
+  // The neutral state's short prefix is computed in the pass: nothing continued.
+  return { tokens: s.tokens - s.prefix + prefix, prefix, branches: s.branches, width: s.width };
 }
 
 /**
@@ -86,7 +94,8 @@ export interface BuildFacts {
  * Reference: Qwen2.5-Coder-0.5B W8A8 (630M parameters, 896 × 24) on 2 cores of
  * the project's machine (bench/RESULTS.md, issue 8: 164, 612 and 2,148-token
  * passes in 325, 1,467 and 8,179 ms) fits 1.83 ms per token and 1.84 µs per
- * attention pair. Other builds scale by parameters (linear layers) and by
+ * attention pair. Other builds scale by parameters (linear layers, and the
+ * part of a pass apart from its tokens: the weights read once more) and by
  * hidden size × layers (attention); other thread counts by 1.78× per
  * doubling, as measured from 1 to 2 threads.
  */
@@ -99,7 +108,8 @@ export function priorCoefficients(facts: BuildFacts | null, provider: "cpu" | "c
   const threadScale = Math.pow(REF.threads / Math.max(1, threads), Math.log2(1.78));
   const device = provider === "cuda" ? 1 / GPU_SPEEDUP : threadScale;
   return {
-    perPass: REF.perPass,
+    // The part of a pass apart from its tokens is mostly the weights read once more: it grows with them.
+    perPass: REF.perPass * (f.parameters / REF.parameters),
     perToken: REF.perToken * (f.parameters / REF.parameters) * device,
     perPair: REF.perPair * ((f.hiddenSize * f.layers) / REF.attention) * device,
   };

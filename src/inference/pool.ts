@@ -262,6 +262,12 @@ export class InferencePool {
   private readonly expressMaxMs: number;
   /** Workers that died and were replaced since start. */
   restarts = 0;
+  /**
+   * Called with every pass that teaches a cost model (one that ran alone on
+   * its cores): its shape and its run time. For benches and tracing: the
+   * `cost` bench replays these passes through cost models of its own.
+   */
+  onPassTimed: ((model: string, shape: PassShape, runMs: number) => void) | null = null;
 
   constructor(config: Config) {
     if (!fs.existsSync(WORKER_FILE)) {
@@ -638,6 +644,7 @@ export class InferencePool {
             const c = this.costModel(job.task.model);
             c.observe(job.shape, res.runMs);
             this.publish(job.task.model, c);
+            this.onPassTimed?.(job.task.model, job.shape, res.runMs);
           }
           if (!x && res.ok && job.task.kind === "load" && "loaded" in res && res.loaded) {
             this.loadMs.set(job.task.model, res.loadMs);
@@ -710,7 +717,7 @@ export class InferencePool {
       task.testFault = this.nextFault;
       this.nextFault = null;
     }
-    const shape = shapeOf(p);
+    const shape = shapeOf(p, kv?.past?.tokens ?? 0);
     const cost = this.costModel(model).estimate(shape);
     // A pass of an admitted request runs on its lane, in its organization's queue, out of its planned work.
     const work = signal ? (this.bySignal.get(signal) ?? null) : null;

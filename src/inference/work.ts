@@ -95,6 +95,8 @@ export interface PlannedPass {
   /** The build's model file (the pool's key for its cost model). */
   model: string;
   shape: PassShape;
+  /** A chunk of a long state's keys and values: not run when the prefix cache holds the state for the organization. */
+  prefill?: true;
 }
 
 /**

@@ -98,9 +98,14 @@ describe("prefix cache", () => {
     const lb = pipeline.build("vendor/judge-9B");
     const { packed, prefix } = prepare(lb, STATE, QUESTIONS);
     const plan = (orgId: string) => pipeline.engine.planGeneral(lb, [packed], false, false, { prefix, orgId })[0]!.shape;
-    expect(plan("org-plan")).toMatchObject({ prefix: prefix.length - lb.preamble.length, tokens: packed.inputIds.length - lb.preamble.length });
+    // What is not computed again is still attended to: the pass continues it (its attention counts in the estimate).
+    expect(plan("org-plan")).toMatchObject({ prefix: prefix.length - lb.preamble.length, tokens: packed.inputIds.length - lb.preamble.length, past: lb.preamble.length });
     await pipeline.engine.run(lb, packed, ctx("org-plan"));
-    expect(plan("org-plan")).toMatchObject({ prefix: COMPUTED_PREFIX_TOKENS, tokens: packed.inputIds.length - prefix.length + COMPUTED_PREFIX_TOKENS });
+    expect(plan("org-plan")).toMatchObject({
+      prefix: COMPUTED_PREFIX_TOKENS,
+      tokens: packed.inputIds.length - prefix.length + COMPUTED_PREFIX_TOKENS,
+      past: prefix.length - COMPUTED_PREFIX_TOKENS,
+    });
     // Another organization's plan does not see the entry.
     expect(plan("org-plan-other").prefix).toBe(prefix.length - lb.preamble.length);
   }, 120_000);
@@ -224,6 +229,9 @@ describe("prefix cache", () => {
     // A pass limit below the state's length: only the chunked path can read it.
     const limit = 100;
     expect(prefix.length).toBeGreaterThan(limit);
+    // Admission plans the chunks while the state is not cached for the organization.
+    const prefills = (org: string) => pipeline.engine.planAsRun(lb, prefix, encoded, limit, org).filter((p) => p.prefill).length;
+    expect(prefills("org-long")).toBeGreaterThan(1);
     for (const cache of [pipeline.engine, plain]) {
       const c = ctx("org-long");
       const long = await cache.scoreMany(lb, prefix, encoded, limit, c);
@@ -235,6 +243,11 @@ describe("prefix cache", () => {
     const again = ctx("org-long");
     await pipeline.engine.scoreMany(lb, prefix, encoded.slice(0, 1), limit, again);
     expect(again.timings.cachedPrefixTokens).toBe(prefix.length - COMPUTED_PREFIX_TOKENS);
+    // …and plans it as it runs: the branch passes alone, each against the whole state; another organization's plan keeps the chunks.
+    const planned = pipeline.engine.planAsRun(lb, prefix, encoded, limit, "org-long");
+    expect(planned.filter((p) => p.prefill)).toEqual([]);
+    expect(planned.every((p) => p.shape.past === prefix.length - COMPUTED_PREFIX_TOKENS)).toBe(true);
+    expect(prefills("org-long-other")).toBeGreaterThan(1);
   }, 120_000);
 
   it("through the pipeline, a state longer than ASSAY_MAX_PACKED_TOKENS is answered as with a larger limit, and billed the same", async () => {

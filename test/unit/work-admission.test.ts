@@ -18,6 +18,7 @@ describe("pass shapes", () => {
       { suffix: [12, 13, 14, 15], labels: [[20], [21]], terminator: 0 },
     ]);
     expect(shapeOf(p)).toEqual({ tokens: 11, prefix: 5, branches: 2, width: 4 });
+    expect(shapeOf(p, 300)).toEqual({ tokens: 11, prefix: 5, branches: 2, width: 4, past: 300 });
   });
 
   it("attention pairs: the prefix causally, each block against the prefix and its own padded tokens", () => {
@@ -25,8 +26,15 @@ describe("pass shapes", () => {
     expect(attentionPairs({ tokens: 7, prefix: 4, branches: 1, width: 3 })).toBe(10 + 3 * (4 + 2));
   });
 
+  it("attention pairs of a pass that continues keys and values: every row also attends to them", () => {
+    // A cache hit: 2 prefix tokens and one 3-wide block after 2,000 held keys.
+    expect(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3, past: 2000 })).toBe(2000 * (2 + 3) + 3 + 3 * (2 + 2));
+    expect(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3, past: 0 })).toBe(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3 }));
+  });
+
   it("a prior pass is the same blocks against a short prefix", () => {
     expect(againstShortPrefix(shape(1000, 8, 30), 64)).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
+    expect(againstShortPrefix({ ...shape(2, 8, 30), past: 1998 }, 64)).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
   });
 });
 
