@@ -5,7 +5,7 @@ import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
 import type { LoadedBuild } from "./build.js";
-import { PriorCache } from "./prior.js";
+import { NEUTRAL_STATE, PriorCache } from "./prior.js";
 import { MIN_CACHED_TOKENS, PrefixCache } from "./prefix-cache.js";
 import type { PrefixKv } from "../inference/protocol.js";
 import { metrics } from "../observability/metrics.js";
@@ -45,6 +45,9 @@ export class Engine {
 
   /** Keys and values of each build's preamble, computed once. */
   private readonly preambles = new Preambles();
+
+  /** Per build: a prior pass's prefix as it runs (admission's estimate of it). */
+  private readonly neutralPrefixes = new WeakMap<LoadedBuild, { computed: number; past: number }>();
 
   constructor(
     readonly pool: InferencePool,
@@ -278,7 +281,23 @@ export class Engine {
     from: { prefix: readonly number[]; orgId?: string | undefined },
   ): PlannedPass[] {
     const shapes = this.lessCachedState(lb, passes, from.prefix, from.orgId).map((p) => ("shape" in p ? p.shape : shapeOf(p)));
-    return generalPasses(lb.build.onnxPath, this.asRun(lb, shapes, from.prefix, from.orgId), prior, shortlist);
+    return generalPasses(lb.build.onnxPath, this.asRun(lb, shapes, from.prefix, from.orgId), prior, shortlist, prior ? this.neutralPrefix(lb) : undefined);
+  }
+
+  /**
+   * A prior pass's prefix as it runs: the neutral state's prompt, less the
+   * pinned preamble it continues (NEUTRAL_STATE; a calibration's other
+   * neutral state, the empty one, differs by a token or two).
+   */
+  private neutralPrefix(lb: LoadedBuild): { computed: number; past: number } {
+    let n = this.neutralPrefixes.get(lb);
+    if (!n) {
+      const ids = lb.tokenizer.encode(buildPrefix(lb.style, NEUTRAL_STATE));
+      const past = lb.build.manifest.kv ? this.pinnedLength(lb, ids.length, (i) => ids[i]!) : 0;
+      n = { computed: ids.length - past, past };
+      this.neutralPrefixes.set(lb, n);
+    }
+    return n;
   }
 
   /**

@@ -59,14 +59,20 @@ export function attentionPairs(s: PassShape): number {
   return past * (s.prefix + s.branches * s.width) + (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
 }
 
+/** A short prefix as a pass runs it: `computed` tokens, after `past` it continues (the pinned preamble). */
+export interface ShortPrefix {
+  computed: number;
+  past: number;
+}
+
 /**
  * The blocks of a pass read again against a short prefix: the shape of a
  * content-free prior pass (src/engine/prior.ts) for a request, before it is
  * known which of its questions the prior cache already holds.
  */
-export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {
-  // The neutral state's short prefix is computed in the pass: nothing continued.
-  return { tokens: s.tokens - s.prefix + prefix, prefix, branches: s.branches, width: s.width };
+export function againstShortPrefix(s: PassShape, prefix: ShortPrefix = { computed: 64, past: 0 }): PassShape {
+  const shape = { tokens: s.tokens - s.prefix + prefix.computed, prefix: prefix.computed, branches: s.branches, width: s.width };
+  return prefix.past > 0 ? { ...shape, past: prefix.past } : shape;
 }
 
 /**
@@ -78,8 +84,14 @@ export function againstShortPrefix(s: PassShape, prefix = 64): PassShape {
  * again (its k presentations of k options weigh about what one list of all
  * the options did), with its own prior passes.
  */
-export function generalPasses(model: string, shapes: readonly PassShape[], prior: boolean, shortlist = false): { model: string; shape: PassShape }[] {
-  const one = shapes.flatMap((shape) => (prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape) }] : [{ model, shape }]));
+export function generalPasses(
+  model: string,
+  shapes: readonly PassShape[],
+  prior: boolean,
+  shortlist = false,
+  neutral?: ShortPrefix,
+): { model: string; shape: PassShape }[] {
+  const one = shapes.flatMap((shape) => (prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape, neutral) }] : [{ model, shape }]));
   return shortlist ? [...one, ...one] : one;
 }
 

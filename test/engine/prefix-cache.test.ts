@@ -8,7 +8,8 @@
  * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { branchCost, COMPUTED_PREFIX_TOKENS, Engine, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
+import { branchCost, COMPUTED_PREFIX_TOKENS, Engine, NEUTRAL_STATE, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
+import type { PassShape } from "../../src/inference/cost.js";
 import { prepare } from "../../src/families/general.js";
 import { encodeBranches, plannedPasses, scoreYesNo } from "../../src/families/yesno.js";
 import { factcheckClaim } from "../../src/prompt/families.js";
@@ -108,6 +109,24 @@ describe("prefix cache", () => {
     });
     // Another organization's plan does not see the entry.
     expect(plan("org-plan-other").prefix).toBe(prefix.length - lb.preamble.length);
+  }, 120_000);
+
+  it("admission plans a content-free prior pass as it runs: the neutral state computed after the pinned preamble", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    // Questions no other test reads, so the prior cache holds none of them and the pass runs.
+    const { packed, prefix, encoded } = prepare(lb, STATE, { p0: { type: "noul", instructions: "The parcel was left with a neighbour on 9 March." } });
+    const planned = pipeline.engine.planGeneral(lb, [packed], true, false, { prefix, orgId: "org-prior-plan" });
+    expect(planned).toHaveLength(2);
+    const seen: PassShape[] = [];
+    pipeline.pool.onPassTimed = (_model, shape) => seen.push(shape);
+    try {
+      await pipeline.engine.prior(lb, NEUTRAL_STATE, encoded, 8192, ctx("org-prior-plan"));
+    } finally {
+      pipeline.pool.onPassTimed = null;
+    }
+    expect(seen).toHaveLength(1);
+    expect(planned[1]!.shape).toMatchObject({ prefix: seen[0]!.prefix, past: lb.preamble.length });
+    expect(seen[0]!.past).toBe(lb.preamble.length);
   }, 120_000);
 
   it("the yes/no families' admission plans the same way: a second batch on a cached document is planned as a hit", async () => {

@@ -33,8 +33,9 @@ describe("pass shapes", () => {
   });
 
   it("a prior pass is the same blocks against a short prefix", () => {
-    expect(againstShortPrefix(shape(1000, 8, 30), 64)).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
-    expect(againstShortPrefix({ ...shape(2, 8, 30), past: 1998 }, 64)).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
+    expect(againstShortPrefix(shape(1000, 8, 30))).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
+    // The request's cached state is not the prior's: only the pinned preamble is continued.
+    expect(againstShortPrefix({ ...shape(2, 8, 30), past: 1998 }, { computed: 6, past: 41 })).toEqual({ tokens: 6 + 240, prefix: 6, branches: 8, width: 30, past: 41 });
   });
 });
 
