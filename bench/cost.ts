@@ -14,7 +14,7 @@
 import path from "node:path";
 import { ROOT, loadConfig } from "../src/config/index.js";
 import { codeSearchRequests, readCodeSearch, spreadRows } from "../src/eval/family-fit.js";
-import { CostModel, type PassShape } from "../src/inference/cost.js";
+import { CostModel, withPast, type PassShape } from "../src/inference/cost.js";
 import { EnginePipeline } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
 import type { Question, RequestEnvelope } from "../src/validate/schema.js";
@@ -60,7 +60,6 @@ function replay(prior: CostModel["prior"], passes: readonly Pass[], view: (s: Pa
 /** Passes continuing at least this many keys read against a state or a query, not just the pinned preamble. */
 const STATE_KEYS = 256;
 
-const withoutPast = ({ past: _past, ...rest }: PassShape): PassShape => rest;
 
 export async function costScenario(o: CostOptions, command: string): Promise<void> {
   const engine = await EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent", ASSAY_MODEL_SCHEDULE: "always", ASSAY_PREFIX_CACHE_MB: String(o.cacheMb) }));
@@ -105,7 +104,7 @@ export async function costScenario(o: CostOptions, command: string): Promise<voi
       const prior = engine.pool.costModel(file).prior;
       for (const [form, view] of [
         ["keys continued counted (shipped)", (s: PassShape) => s],
-        ["keys continued not counted (before)", withoutPast],
+        ["keys continued not counted (before)", (s: PassShape) => withPast(s, 0)],
       ] as const) {
         const all = replay(prior, mine, view);
         for (const [subset, keep] of [

@@ -1,5 +1,5 @@
 import { AssayError } from "../errors/catalogue.js";
-import { generalPasses, shapeOf, type PassShape } from "../inference/cost.js";
+import { generalPasses, shapeOf, withPast, type PassShape } from "../inference/cost.js";
 import { blocksOf, continuePacked, pack, readLabels, type Block, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
@@ -242,8 +242,7 @@ export class Engine {
     const model = lb.build.onnxPath;
     const shapeOfPass = (prefix: number, pass: number[], past = 0) => {
       const c = blocksOf(branches, pass).map((b) => blockCost(branches, b));
-      const shape = { tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) };
-      return { model, shape: past > 0 ? { ...shape, past } : shape };
+      return { model, shape: withPast({ tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) }, past) };
     };
     if (!this.isLong(lb, prefixLength, branches, limit, which))
       return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
@@ -252,7 +251,7 @@ export class Engine {
     let start = 0;
     return [
       ...prefillChunkSizes(held, limit).map((c) => {
-        const shape = { tokens: c + 1, prefix: c, branches: 1, width: 1, ...(start > 0 ? { past: start } : {}) };
+        const shape = withPast({ tokens: c + 1, prefix: c, branches: 1, width: 1 }, start);
         start += c;
         return { model, shape, prefill: true as const };
       }),
@@ -306,10 +305,10 @@ export class Engine {
    * branch passes (a second request on a long document would otherwise be
    * estimated at a whole prefill, raising its deadline or refusing it).
    */
-  private lessCachedState<P extends PackedRequest | PlannedPass>(lb: LoadedBuild, passes: readonly P[], prefix: readonly number[], orgId?: string): P[] {
-    if (!passes.some((p) => "prefill" in p && p.prefill)) return [...passes];
+  private lessCachedState<P extends PackedRequest | PlannedPass>(lb: LoadedBuild, passes: readonly P[], prefix: readonly number[], orgId?: string): readonly P[] {
+    if (!passes.some((p) => "prefill" in p && p.prefill)) return passes;
     const held = BigInt64Array.from(prefix.slice(0, prefix.length - COMPUTED_PREFIX_TOKENS), BigInt);
-    if (!this.prefixes.has(lb.build.manifest.build_hash, orgId, held)) return [...passes];
+    if (!this.prefixes.has(lb.build.manifest.build_hash, orgId, held)) return passes;
     return passes.filter((p) => !("prefill" in p && p.prefill));
   }
 
@@ -332,7 +331,7 @@ export class Engine {
       const computed = first;
       if (caching) first = COMPUTED_PREFIX_TOKENS;
       // What the caches hold is not computed again, but every row of the pass still attends to it.
-      return { ...s, tokens: s.tokens - s.prefix + computed, prefix: computed, ...(computed < s.prefix ? { past: s.prefix - computed } : {}) };
+      return withPast({ ...s, tokens: s.tokens - s.prefix + computed, prefix: computed }, s.prefix - computed);
     });
   }
 

@@ -46,11 +46,16 @@ export interface CostCoefficients {
   perPair: number;
 }
 
+/** `s` continuing `past` keys and values (none: the field absent, as on a pass that continues nothing). */
+export function withPast(s: PassShape, past: number): PassShape {
+  const { past: _previous, ...rest } = s;
+  return past > 0 ? { ...rest, past } : rest;
+}
+
 /** The shape of a packed request as the worker will run it, continuing `past` keys and values. */
 export function shapeOf(p: PackedTensors, past = 0): PassShape {
   const tokens = p.inputIds.length;
-  const shape = { tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth };
-  return past > 0 ? { ...shape, past } : shape;
+  return withPast({ tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth }, past);
 }
 
 /** Query–key pairs the split attention computes for a pass (per head and layer). */
@@ -71,8 +76,7 @@ export interface ShortPrefix {
  * known which of its questions the prior cache already holds.
  */
 export function againstShortPrefix(s: PassShape, prefix: ShortPrefix = { computed: 64, past: 0 }): PassShape {
-  const shape = { tokens: s.tokens - s.prefix + prefix.computed, prefix: prefix.computed, branches: s.branches, width: s.width };
-  return prefix.past > 0 ? { ...shape, past: prefix.past } : shape;
+  return withPast({ tokens: s.tokens - s.prefix + prefix.computed, prefix: prefix.computed, branches: s.branches, width: s.width }, prefix.past);
 }
 
 /**
