@@ -108,6 +108,9 @@ interface Lane {
   usage: Map<string, { ms: number; at: number }>;
 }
 
+/** A pass on the express worker beside a long one takes up to this many times its estimate (0.41 s alone, about 0.8 s beside: the Express note). */
+const BESIDE_SLOWDOWN = 2;
+
 /** Time constant of an organization's recent share of a lane. */
 const USAGE_TAU_MS = 30_000;
 
@@ -149,6 +152,8 @@ class Work implements AdmittedWork {
     public deadlineMs: number | null,
     private readonly pool: Pick<InferencePool, "estimate" | "safety">,
     private readonly deadline: RequestDeadline | undefined,
+    /** Admitted on the express worker's wait (InferencePool.besideWaitMs): its planned passes are short ones that go beside. */
+    readonly beside = false,
   ) {
     this.remainingMs = estimateMs;
     this.remainingTokens = tokens;
@@ -450,7 +455,9 @@ export class InferencePool {
     const lane = this.pick();
     const now = performance.now();
     const b = this.backlog(lane, now);
-    const waitMs = fairFinishMs(req.org, ownMs, b.aheadMs, b.byOrg, this.rates(lane, now)) - ownMs;
+    const fairWaitMs = fairFinishMs(req.org, ownMs, b.aheadMs, b.byOrg, this.rates(lane, now)) - ownMs;
+    const besideMs = this.besideWaitMs(lane, passes, req.org, ownMs, now);
+    const waitMs = besideMs === null ? fairWaitMs : Math.min(fairWaitMs, besideMs);
     const d = req.deadline;
     const elapsedMs = d ? now - d.arrivedAt : 0;
     const numbers = { ownMs, waitMs, elapsedMs, defaultMs: d?.defaultMs ?? 0, maxMs: d?.maxMs ?? 0 };
@@ -467,7 +474,7 @@ export class InferencePool {
       throw refusal(j.refused, j, { ...numbers, waiting });
     }
     if (d && j) d.admitted({ deadlineMs: j.deadlineMs, ownMs, waitMs });
-    const work = new Work(req.org, lane, ownMs, tokens, waitMs, j?.deadlineMs ?? null, this, d);
+    const work = new Work(req.org, lane, ownMs, tokens, waitMs, j?.deadlineMs ?? null, this, d, besideMs !== null && besideMs <= fairWaitMs);
     lane.works.add(work);
     const signal = req.signal;
     if (signal) {
@@ -477,6 +484,35 @@ export class InferencePool {
       work.whenReleased(() => signal.removeEventListener("abort", onAbort));
     }
     return work;
+  }
+
+  /**
+   * What a request waits on the lane's express worker, when every pass it
+   * plans would go there (dispatchExpress: short, its model ready there, and
+   * the main worker held by another organization's pass at least twice as
+   * long); null when the request would wait for the main worker. The wait is
+   * the express worker's running pass and the short passes that would go
+   * beside before this request's: queued, and planned by requests admitted
+   * to run beside. Without it a short request arriving behind a long pass was
+   * judged on that pass's rest, and refused 529 on the default build (a 1.5B
+   * pass of a large request runs longer than the default deadline allows with
+   * the headroom) although the express worker would have answered it in a
+   * second. A pass beside another takes up to twice its estimate (the two
+   * share the cores): the extra counts as waiting.
+   */
+  private besideWaitMs(lane: Lane, passes: readonly PlannedPass[], org: string, ownMs: number, now: number): number | null {
+    const x = lane.express;
+    if (!x || !lane.running || lane.running.org === org || passes.length === 0) return null;
+    const rest = Math.max(lane.running.cost - (now - lane.runningSince), 0.25 * lane.running.cost);
+    for (const p of passes) {
+      const ms = this.costModel(p.model).estimate(p.shape);
+      if (!x.ready.has(p.model) || ms > this.expressMaxMs || 2 * ms > rest) return null;
+    }
+    const busyOrg = lane.running.org;
+    let ahead = x.running ? Math.max(0, x.running.cost - (now - x.runningSince)) : 0;
+    for (const j of lane.queue) if (j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressMaxMs) ahead += j.cost;
+    for (const w of lane.works) if (w.beside && w.org !== busyOrg) ahead += w.remainingMs;
+    return ahead + (BESIDE_SLOWDOWN - 1) * ownMs;
   }
 
   private enqueue(

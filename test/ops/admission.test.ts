@@ -195,6 +195,31 @@ describe("a short pass beside a long one (the express worker)", () => {
     expect(overtaken!.order).toEqual(["short", "long"]);
   });
 
+  it("admission counts it: a short request is admitted on the express worker's wait, not the long pass's rest", async () => {
+    // A deadline far shorter than the stalled long pass's rest (with the headroom): judged on the main
+    // worker's wait the short request would be refused; the express worker answers it while the long
+    // pass still holds the main one. (On the default 1.5B build a large request's pass outlasts the
+    // default deadline: without this, the overload test's small organization got 529s.)
+    const lb = engine.build("judge-latest");
+    await engine.pool.preloadExpress(lb.build.onnxPath);
+    const long = noul(longState(1_500));
+    const shortEst = estimateMs(engine, noul(SHORT));
+    const longEst = estimateMs(engine, long);
+    expect(longEst, `long ${longEst} ms, short ${shortEst} ms`).toBeGreaterThan(12 * shortEst);
+    const deadline = Math.ceil(engine.pool.safety() * 0.2 * longEst);
+    t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline) });
+    const other = t.accounts.createKey("delta");
+    const before = await expressPasses();
+    const release = stall();
+    const a = post({ ...long, state: `(beside) ${long.state}` });
+    await until(() => engine.pool.running === 1, "the long request to reach the worker", { pending: a });
+    const b = await post(noul(`${SHORT} Beside a stalled pass.`), other.key);
+    expect(b.statusCode, b.body).toBe(200);
+    expect(await expressPasses()).toBeGreaterThan(before);
+    release();
+    expect((await a).statusCode).toBe(200);
+  });
+
   it("not for the organization whose pass holds the main worker: its own short request waits its turn", async () => {
     t = await makeOpsApp(engine);
     const before = await expressPasses();

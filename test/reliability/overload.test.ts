@@ -29,7 +29,7 @@
  * AVX2-only machine: 4.4 s ahead + 1.8 s own, with the headroom). Full form
  * (ASSAY_RELIABILITY=full): 10 minutes with the issue's requests (a
  * 1,500-word state with 64 questions) and the default 60 s deadline, on one
- * server.
+ * server running the shipped models (judge-latest on the 1.5B build).
  */
 import fs from "node:fs";
 import os from "node:os";
@@ -85,9 +85,10 @@ beforeAll(async () => {
   // A purchase: the flooding organization may have 100 requests in flight.
   store.addCredit("flood", "purchase", PURCHASE, "overload test", Date.now());
   store.close();
-  // The general names on the 0.5B build: the cost model's prior was fitted on it (src/inference/cost.ts),
-  // and with judge-latest on the 1.5B the CI form saw 1–2 of 13 admitted flood requests overrun their
-  // deadline (an under-estimate for the larger build under overload; issue 14 follow-up).
+  // The full form runs the shipped models.json, as a new user does: judge-latest on the 1.5B build.
+  // The CI form puts the general names on the 0.5B build: its 20 s of flood on a shared 2-core machine
+  // saw 1–2 of 13 admitted flood requests overrun their deadline with the 1.5B (an under-estimate for
+  // the larger build under overload; issue 14 follow-up), and the 1.5B's large requests take minutes.
   server = await startServer(null);
 });
 
@@ -95,7 +96,7 @@ beforeAll(async () => {
 function startServer(deadlineMs: number | null): Promise<ServerProcess> {
   return ServerProcess.start({
     ASSAY_DATA_DIR: dir,
-    ASSAY_MODELS_CONFIG: scheduledLargeConfig(),
+    ...(FULL ? {} : { ASSAY_MODELS_CONFIG: scheduledLargeConfig() }),
     ...(deadlineMs !== null ? { ASSAY_REQUEST_TIMEOUT_MS: String(deadlineMs) } : {}),
   });
 }
@@ -304,6 +305,8 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       recordFigures("overload", figures);
       if (FULL) expect(goodput / singleTokensPerSecond).toBeGreaterThanOrEqual(0.9);
     },
-    FIGURES.overloadSeconds * 1000 + 600_000,
+    // Calibration (8 large requests: about 64 s each on the 1.5B here) and the drain of requests admitted
+    // with deadlines raised by their work come on top of the flood.
+    FIGURES.overloadSeconds * 1000 + (FULL ? 1_500_000 : 600_000),
   );
 });
