@@ -53,6 +53,13 @@ const Env = z.object({
    */
   ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on CUDA" }),
   /**
+   * CPU with the express worker on: a pass also counts as short when its estimate is at most the
+   * build's estimate for a pass of this many fresh tokens, so "short" follows the build and the
+   * machine: 1,500 ms covers a primary-cell request on the 0.5B but not on the 1.5B, whose such a
+   * request then waited behind a flood's pass (bench/RESULTS.md, session 25). 0: the ms bound alone.
+   */
+  ASSAY_EXPRESS_MAX_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "CPU with the express worker on: a pass also counts as short when it is estimated at most as long as a pass of this many tokens on the same build, so the bound follows the build and the machine; `0` leaves `ASSAY_EXPRESS_MAX_MS` alone. See [the express worker](docs/architecture.md#the-express-worker)" }),
+  /**
    * CPU: the nice value of a lane's main worker while it has an express worker beside it, so that a
    * short pass beside a long one gets most of the cores (CFS weights 1024 against 110 at nice 10;
    * nice 5, 1024 against 335, was the default until session 21: bench/RESULTS.md).
@@ -175,6 +182,8 @@ export type Config = Readonly<{
   intraOpSpinning: boolean;
   /** 0: no express worker. */
   expressMaxMs: number;
+  /** A pass also counts as short up to the build's estimate for this many fresh tokens (0: the ms bound alone). */
+  expressMaxTokens: number;
   /** The main worker's nice value beside an express worker (0: unchanged). */
   mainWorkerNice: number;
   queueMax: number;
@@ -237,6 +246,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     intraOpThreads,
     intraOpSpinning: e.ASSAY_INTRA_OP_SPINNING,
     expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? 0 : 1_500),
+    expressMaxTokens: e.ASSAY_EXPRESS_MAX_TOKENS,
     mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,

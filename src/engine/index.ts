@@ -1,16 +1,22 @@
 import { AssayError } from "../errors/catalogue.js";
-import { generalPasses, shapeOf, withPast, type PassShape } from "../inference/cost.js";
+import { shapeOf, withPast, type PassShape } from "../inference/cost.js";
 import { blocksOf, continuePacked, pack, readLabels, type Block, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
 import type { LoadedBuild } from "./build.js";
-import { NEUTRAL_STATE, PriorCache } from "./prior.js";
+import { PriorCache } from "./prior.js";
 import { MIN_CACHED_TOKENS, PrefixCache } from "./prefix-cache.js";
 import type { PrefixKv } from "../inference/protocol.js";
 import { metrics } from "../observability/metrics.js";
 
 export type { EncodedQuestion, PackedRequest, PlannedPass };
+
+/** A request's content-free prior reading (prior.ts): its question blocks against one neutral state. */
+export interface PriorRead {
+  neutral: string;
+  branches: readonly EncodedQuestion[];
+}
 /** The one packed pass of a prefix and its branches: what a worker runs and what usage counts. */
 export { pack };
 export { likelyEscalated } from "../inference/work.js";
@@ -45,9 +51,6 @@ export class Engine {
 
   /** Keys and values of each build's preamble, computed once. */
   private readonly preambles = new Preambles();
-
-  /** Per build: a prior pass's prefix as it runs (admission's estimate of it). */
-  private readonly neutralPrefixes = new WeakMap<LoadedBuild, { computed: number; past: number }>();
 
   constructor(
     readonly pool: InferencePool,
@@ -188,18 +191,27 @@ export class Engine {
    */
   async prior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, ctx: ScoreContext = {}): Promise<number[][]> {
     const build = lb.build.manifest.build_hash;
-    const out = this.priors.lookup(build, neutral, branches);
-    // A group is read whole when any of it is missing: its block's layout depends on all its members.
-    const missing = blocksOf(branches).flatMap((b) => (b.members.some((i) => out[i] === undefined) ? b.members : []));
+    const { out, missing } = this.priorsHeld(lb, neutral, branches);
     if (missing.length > 0) {
-      const prefix = lb.tokenizer.encode(buildPrefix(lb.style, neutral));
-      const { lps } = await this.scoreMany(lb, prefix, branches, limit, ctx, missing);
+      const { lps } = await this.scoreMany(lb, this.neutralIds(lb, neutral), branches, limit, ctx, missing);
       for (const i of missing) {
         out[i] = lps[i]!;
         this.priors.store(build, neutral, branches[i]!, lps[i]!);
       }
     }
     return out as number[][];
+  }
+
+  /** The cached prior readings of `branches` against `neutral`, and the branches a prior pass must read (groups whole). */
+  private priorsHeld(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[]): { out: (number[] | undefined)[]; missing: number[] } {
+    const out = this.priors.lookup(lb.build.manifest.build_hash, neutral, branches);
+    // A group is read whole when any of it is missing: its block's layout depends on all its members.
+    const missing = blocksOf(branches).flatMap((b) => (b.members.some((i) => out[i] === undefined) ? b.members : []));
+    return { out, missing };
+  }
+
+  private neutralIds(lb: LoadedBuild, neutral: string): number[] {
+    return lb.tokenizer.encode(buildPrefix(lb.style, neutral));
   }
 
   /**
@@ -240,10 +252,12 @@ export class Engine {
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
-    const shapeOfPass = (prefix: number, pass: number[], past = 0) => {
-      const c = blocksOf(branches, pass).map((b) => blockCost(branches, b));
-      return { model, shape: withPast({ tokens: prefix + c.reduce((a, b) => a + b, 0), prefix, branches: c.length, width: Math.max(...c) }, past) };
-    };
+    // The shape as the pass will be packed (label tries shared, not the bound that groups blocks):
+    // a shape depends on the prefix's length only, so the prefix packed is a stand-in of that length.
+    const shapeOfPass = (prefix: number, pass: number[], past = 0) => ({
+      model,
+      shape: shapeOf(pack(new Array<number>(prefix).fill(0), pass.map((i) => branches[i]!)), past),
+    });
     if (!this.isLong(lb, prefixLength, branches, limit, which))
       return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
     // The chunks of the state, each continuing the ones before, then branch passes carrying its last tokens and attending to the rest.
@@ -268,35 +282,28 @@ export class Engine {
 
   /**
    * The passes of a general request: its packed pass or the passes `plan`
-   * gave for it, a content-free prior pass of each where `prior`, and a
-   * second reading of the shortlisted questions.
+   * gave for it, its content-free prior passes as `prior` will run them (per
+   * neutral state, only the questions the prior cache does not hold: a caller
+   * who asks the same questions of many states pays for them once, and its
+   * estimate says so), and a second reading where questions are shortlisted.
    */
   planGeneral(
     lb: LoadedBuild,
     passes: readonly (PackedRequest | PlannedPass)[],
-    prior: boolean,
+    priors: readonly PriorRead[],
     shortlist: boolean,
-    /** The request's prefix and organization: passes are planned as they will run, less what the caches hold. */
-    from: { prefix: readonly number[]; orgId?: string | undefined },
+    /** The request's prefix, organization and pass limit: passes are planned as they will run, less what the caches hold. */
+    from: { prefix: readonly number[]; orgId?: string | undefined; limit: number },
   ): PlannedPass[] {
+    const model = lb.build.onnxPath;
     const shapes = this.lessCachedState(lb, passes, from.prefix, from.orgId).map((p) => ("shape" in p ? p.shape : shapeOf(p)));
-    return generalPasses(lb.build.onnxPath, this.asRun(lb, shapes, from.prefix, from.orgId), prior, shortlist, prior ? this.neutralPrefix(lb) : undefined);
-  }
-
-  /**
-   * A prior pass's prefix as it runs: the neutral state's prompt, less the
-   * pinned preamble it continues (NEUTRAL_STATE; a calibration's other
-   * neutral state, the empty one, differs by a token or two).
-   */
-  private neutralPrefix(lb: LoadedBuild): { computed: number; past: number } {
-    let n = this.neutralPrefixes.get(lb);
-    if (!n) {
-      const ids = lb.tokenizer.encode(buildPrefix(lb.style, NEUTRAL_STATE));
-      const past = lb.build.manifest.kv ? this.pinnedLength(lb, ids.length, (i) => ids[i]!) : 0;
-      n = { computed: ids.length - past, past };
-      this.neutralPrefixes.set(lb, n);
-    }
-    return n;
+    const main: PlannedPass[] = this.asRun(lb, shapes, from.prefix, from.orgId).map((shape) => ({ model, shape }));
+    const priorPasses = priors.flatMap(({ neutral, branches }) => {
+      const { missing } = this.priorsHeld(lb, neutral, branches);
+      return missing.length > 0 ? this.planAsRun(lb, this.neutralIds(lb, neutral), branches, from.limit, from.orgId, missing) : [];
+    });
+    const one = [...main, ...priorPasses];
+    return shortlist ? [...one, ...one] : one;
   }
 
   /**

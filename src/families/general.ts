@@ -159,10 +159,10 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
     );
   }
   // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
-  // pass (or passes), and a content-free prior pass where the calibration weighs one in.
-  const priorPass = Object.values(calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)?.prior ?? {}).some((w) => w > 0);
+  // pass (or passes), and the content-free prior passes the calibration weighs in, less what the prior cache holds.
+  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)).map((r) => ({ neutral: r.neutral, branches: r.blocks.map((b) => prepared.encoded[b]!) }));
   const passes = fitsOnePass(fam.engine, lb, prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
-  const planned = fam.engine.planGeneral(lb, passes, priorPass, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId });
+  const planned = fam.engine.planGeneral(lb, passes, priors, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId, limit });
   const work = fam.engine.admit(planned, ctx);
   try {
     await ctx.admit?.(prepared.packed.promptTokens);
@@ -265,19 +265,28 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
   });
 }
 
-/** Content-free readings of the blocks whose question type has a prior weight, by block index. */
-async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
-  const out = new Map<number, number[]>();
-  if (!fit?.prior) return out;
-  const limit = passLimit(lb, fam.maxPackedTokens);
-  // Each type reads its prior against its own neutral state (prior_state; "N/A" by default).
+/**
+ * The content-free prior readings a request needs: per neutral state, the
+ * blocks of the questions whose type has a prior weight (each type reads its
+ * prior against its own neutral state, prior_state; "N/A" by default).
+ * Admission plans these and readPriors reads them: one grouping for both.
+ */
+export function priorReads(prepared: PreparedRequest, fit: CalibrationFit | null): { neutral: string; blocks: number[] }[] {
+  if (!fit?.prior) return [];
   const byNeutral = new Map<string, number[]>();
   prepared.questions.forEach((q) => {
     if (!((fit.prior?.[q.type] ?? 0) > 0)) return;
     const neutral = fit.prior_state?.[q.type] ?? NEUTRAL_STATE;
     byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...q.blocks]);
   });
-  for (const [neutral, blocks] of byNeutral) {
+  return [...byNeutral].map(([neutral, blocks]) => ({ neutral, blocks }));
+}
+
+/** Content-free readings of the blocks whose question type has a prior weight, by block index. */
+async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
+  const out = new Map<number, number[]>();
+  const limit = passLimit(lb, fam.maxPackedTokens);
+  for (const { neutral, blocks } of priorReads(prepared, fit)) {
     const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded[b]!), limit, ctx);
     blocks.forEach((b, n) => out.set(b, reads[n]!));
   }

@@ -64,41 +64,6 @@ export function attentionPairs(s: PassShape): number {
   return past * (s.prefix + s.branches * s.width) + (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
 }
 
-/** A short prefix as a pass runs it: `computed` tokens, after `past` it continues (the pinned preamble). */
-export interface ShortPrefix {
-  computed: number;
-  past: number;
-}
-
-/**
- * The blocks of a pass read again against a short prefix: the shape of a
- * content-free prior pass (src/engine/prior.ts) for a request, before it is
- * known which of its questions the prior cache already holds.
- */
-export function againstShortPrefix(s: PassShape, prefix: ShortPrefix = { computed: 64, past: 0 }): PassShape {
-  return withPast({ tokens: s.tokens - s.prefix + prefix.computed, prefix: prefix.computed, branches: s.branches, width: s.width }, prefix.past);
-}
-
-/**
- * The passes of a general request: its packed pass (or the passes it is read
- * in when it exceeds the pass limit), and with `prior` a content-free prior
- * pass of the same blocks (counted as uncached: a cache hit only makes the
- * request finish sooner). With `shortlist`, a second reading of its
- * many-option questions over their shortlists: counted as the first passes
- * again (its k presentations of k options weigh about what one list of all
- * the options did), with its own prior passes.
- */
-export function generalPasses(
-  model: string,
-  shapes: readonly PassShape[],
-  prior: boolean,
-  shortlist = false,
-  neutral?: ShortPrefix,
-): { model: string; shape: PassShape }[] {
-  const one = shapes.flatMap((shape) => (prior ? [{ model, shape }, { model, shape: againstShortPrefix(shape, neutral) }] : [{ model, shape }]));
-  return shortlist ? [...one, ...one] : one;
-}
-
 export interface BuildFacts {
   /** Weights (parameters) of the model. */
   parameters: number;

@@ -265,6 +265,7 @@ export class InferencePool {
   private readonly threads: number;
   private readonly queueSource = () => this.pending();
   private readonly expressMaxMs: number;
+  private readonly expressMaxTokens: number;
   /** Workers that died and were replaced since start. */
   restarts = 0;
   /**
@@ -302,6 +303,7 @@ export class InferencePool {
           }));
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));
     this.expressMaxMs = config.provider === "cpu" ? config.expressMaxMs : 0;
+    this.expressMaxTokens = config.expressMaxTokens;
     const worker = (o: LaneOptions, name: string) => {
       const pool = new Piscina({
         filename: WORKER_FILE,
@@ -368,6 +370,21 @@ export class InferencePool {
     let overrun = 1;
     for (const c of this.costs.values()) overrun = Math.max(overrun, c.overrun());
     return admissionSafety(overrun);
+  }
+
+  /**
+   * The longest estimate that counts as a short pass of `model`: the
+   * configured ms, or the build's own estimate for a pass of
+   * `expressMaxTokens` fresh tokens where that is longer. A fixed bound in ms
+   * fitted the 0.5B; on the 1.5B (the default build) a one-question request
+   * on a 500-token state is estimated at about 2 s, so it waited behind a
+   * flood's pass of a minute (bench/RESULTS.md, session 25). Taken from the
+   * live cost model, the bound follows the machine's pace as well.
+   */
+  private expressLimit(model: string): number {
+    if (this.expressMaxMs === 0) return 0;
+    const n = this.expressMaxTokens;
+    return n > 0 ? Math.max(this.expressMaxMs, this.costModel(model).estimate({ tokens: n, prefix: n, branches: 0, width: 0 })) : this.expressMaxMs;
   }
 
   /** Estimated ms of passes, each by its build's cost model. */
@@ -506,11 +523,11 @@ export class InferencePool {
     const rest = Math.max(lane.running.cost - (now - lane.runningSince), 0.25 * lane.running.cost);
     for (const p of passes) {
       const ms = this.costModel(p.model).estimate(p.shape);
-      if (!x.ready.has(p.model) || ms > this.expressMaxMs || 2 * ms > rest) return null;
+      if (!x.ready.has(p.model) || ms > this.expressLimit(p.model) || 2 * ms > rest) return null;
     }
     const busyOrg = lane.running.org;
     let ahead = x.running ? Math.max(0, x.running.cost - (now - x.runningSince)) : 0;
-    for (const j of lane.queue) if (j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressMaxMs) ahead += j.cost;
+    for (const j of lane.queue) if (j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressLimit(j.task.model)) ahead += j.cost;
     for (const w of lane.works) if (w.beside && w.org !== busyOrg) ahead += w.remainingMs;
     return ahead + (BESIDE_SLOWDOWN - 1) * ownMs;
   }
@@ -614,7 +631,7 @@ export class InferencePool {
     // a way to go: its rest is taken as at least a quarter of its estimate, not as nothing.
     const rest = Math.max(lane.running.cost - (now - lane.runningSince), 0.25 * lane.running.cost);
     const busyOrg = lane.running.org;
-    const fits = (j: Job) => j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressMaxMs && 2 * j.cost <= rest;
+    const fits = (j: Job) => j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressLimit(j.task.model) && 2 * j.cost <= rest;
     const job = lane.queue.shiftFirst((j) => fits(j) && x.ready.has(j.task.model));
     if (job) {
       metrics.queueDepth.dec();

@@ -25,6 +25,11 @@ export class EnginePipeline implements Pipeline {
   private warm = false;
   private readonly families: FamilyEnv;
 
+  /** The packed-token limit per pass (ASSAY_MAX_PACKED_TOKENS): what a request's passes are planned against. */
+  get maxPackedTokens(): number {
+    return this.families.maxPackedTokens;
+  }
+
   private constructor(
     config: Config,
     readonly registry: ModelRegistry,

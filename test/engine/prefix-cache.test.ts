@@ -98,7 +98,7 @@ describe("prefix cache", () => {
   it("admission plans a pass as it will run: less the preamble on a miss, its last prefix tokens and questions on a hit", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     const { packed, prefix } = prepare(lb, STATE, QUESTIONS);
-    const plan = (orgId: string) => pipeline.engine.planGeneral(lb, [packed], false, false, { prefix, orgId })[0]!.shape;
+    const plan = (orgId: string) => pipeline.engine.planGeneral(lb, [packed], [], false, { prefix, orgId, limit: 8192 })[0]!.shape;
     // What is not computed again is still attended to: the pass continues it (its attention counts in the estimate).
     expect(plan("org-plan")).toMatchObject({ prefix: prefix.length - lb.preamble.length, tokens: packed.inputIds.length - lb.preamble.length, past: lb.preamble.length });
     await pipeline.engine.run(lb, packed, ctx("org-plan"));
@@ -111,11 +111,13 @@ describe("prefix cache", () => {
     expect(plan("org-plan-other").prefix).toBe(prefix.length - lb.preamble.length);
   }, 120_000);
 
-  it("admission plans a content-free prior pass as it runs: the neutral state computed after the pinned preamble", async () => {
+  it("admission plans a content-free prior pass as it runs: the neutral state computed after the pinned preamble, and none once the prior is cached", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     // Questions no other test reads, so the prior cache holds none of them and the pass runs.
     const { packed, prefix, encoded } = prepare(lb, STATE, { p0: { type: "noul", instructions: "The parcel was left with a neighbour on 9 March." } });
-    const planned = pipeline.engine.planGeneral(lb, [packed], true, false, { prefix, orgId: "org-prior-plan" });
+    const priors = [{ neutral: NEUTRAL_STATE, branches: encoded }];
+    const plan = () => pipeline.engine.planGeneral(lb, [packed], priors, false, { prefix, orgId: "org-prior-plan", limit: 8192 });
+    const planned = plan();
     expect(planned).toHaveLength(2);
     const seen: PassShape[] = [];
     pipeline.pool.onPassTimed = (_model, shape) => seen.push(shape);
@@ -125,8 +127,10 @@ describe("prefix cache", () => {
       pipeline.pool.onPassTimed = null;
     }
     expect(seen).toHaveLength(1);
-    expect(planned[1]!.shape).toMatchObject({ prefix: seen[0]!.prefix, past: lb.preamble.length });
+    expect(planned[1]!.shape).toEqual(seen[0]);
     expect(seen[0]!.past).toBe(lb.preamble.length);
+    // Read once, the prior is the cache's: the next request asking it plans no prior pass.
+    expect(plan()).toHaveLength(1);
   }, 120_000);
 
   it("the yes/no families' admission plans the same way: a second batch on a cached document is planned as a hit", async () => {

@@ -4,7 +4,7 @@
  * policy (work.ts).
  */
 import { describe, expect, it } from "vitest";
-import { CostModel, againstShortPrefix, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
+import { CostModel, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
 import { FairQueue } from "../../src/inference/fair-queue.js";
 import { pack } from "../../src/inference/pack.js";
 import { DEADLINE_MARGIN, FINISH_GRACE, SAFETY, SAFETY_MAX, admissionSafety, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
@@ -30,12 +30,6 @@ describe("pass shapes", () => {
     // A cache hit: 2 prefix tokens and one 3-wide block after 2,000 held keys.
     expect(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3, past: 2000 })).toBe(2000 * (2 + 3) + 3 + 3 * (2 + 2));
     expect(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3, past: 0 })).toBe(attentionPairs({ tokens: 5, prefix: 2, branches: 1, width: 3 }));
-  });
-
-  it("a prior pass is the same blocks against a short prefix", () => {
-    expect(againstShortPrefix(shape(1000, 8, 30))).toEqual({ tokens: 64 + 240, prefix: 64, branches: 8, width: 30 });
-    // The request's cached state is not the prior's: only the pinned preamble is continued.
-    expect(againstShortPrefix({ ...shape(2, 8, 30), past: 1998 }, { computed: 6, past: 41 })).toEqual({ tokens: 6 + 240, prefix: 6, branches: 8, width: 30, past: 41 });
   });
 });
 
