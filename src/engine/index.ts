@@ -1,6 +1,6 @@
 import { AssayError } from "../errors/catalogue.js";
 import { shapeOf, withPast, type PassShape } from "../inference/cost.js";
-import { blocksOf, continuePacked, pack, readLabels, type Block, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
+import { blocksOf, continuePacked, pack, packedShape, readLabels, type Block, type EncodedQuestion, type PackedRequest } from "../inference/pack.js";
 import type { AdmittedWork, InferencePool } from "../inference/pool.js";
 import { workRequest, type PlannedPass, type RequestDeadline } from "../inference/work.js";
 import { buildPrefix } from "../prompt/index.js";
@@ -252,12 +252,8 @@ export class Engine {
   /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
-    // The shape as the pass will be packed (label tries shared, not the bound that groups blocks):
-    // a shape depends on the prefix's length only, so the prefix packed is a stand-in of that length.
-    const shapeOfPass = (prefix: number, pass: number[], past = 0) => ({
-      model,
-      shape: shapeOf(pack(new Array<number>(prefix).fill(0), pass.map((i) => branches[i]!)), past),
-    });
+    // The shape as the pass will be packed (label tries shared), not the bound that groups the blocks.
+    const shapeOfPass = (prefix: number, pass: number[], past = 0) => ({ model, shape: withPast(packedShape(prefix, pass.map((i) => branches[i]!)), past) });
     if (!this.isLong(lb, prefixLength, branches, limit, which))
       return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
     // The chunks of the state, each continuing the ones before, then branch passes carrying its last tokens and attending to the rest.

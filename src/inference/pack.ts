@@ -231,6 +231,32 @@ export function pack(prefix: number[], questions: EncodedQuestion[]): PackedRequ
   };
 }
 
+/** Tokens a question's label trie adds after its suffix, as `pack` emits them: a node with children, or one that ends a label among nested labels. */
+function trieTokens(labels: number[][]): number {
+  const { root, nested } = buildTrie(labels);
+  let n = 0;
+  const walk = (node: TrieNode): void => {
+    for (const c of node.children.values()) {
+      if (c.children.size === 0 && !(nested && c.ends.length > 0)) continue;
+      n++;
+      walk(c);
+    }
+  };
+  walk(root);
+  return n;
+}
+
+/**
+ * The shape of `pack(prefix, questions)` for a prefix of `prefixLength`
+ * tokens, without building it: what admission plans a pass as (packing a
+ * large code search request only to measure it took 10–120 ms of the event
+ * loop). The unit test holds it equal to the packed request's.
+ */
+export function packedShape(prefixLength: number, questions: readonly EncodedQuestion[]): { tokens: number; prefix: number; branches: number; width: number } {
+  const lengths = blocksOf(questions).map((b) => b.stem + b.members.reduce((s, i) => s + questions[i]!.suffix.length - b.stem + trieTokens(questions[i]!.labels), 0));
+  return { tokens: prefixLength + lengths.reduce((a, b) => a + b, 0), prefix: prefixLength, branches: lengths.length, width: Math.max(1, ...lengths) };
+}
+
 /** One block of a pass: question indices in layout order, and the leading suffix tokens they share (computed once). */
 export interface Block {
   members: number[];

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { pack, readLabels, type EncodedQuestion, type PackedRequest } from "../../src/inference/pack.js";
+import { pack, packedShape, readLabels, type EncodedQuestion, type PackedRequest } from "../../src/inference/pack.js";
+import { shapeOf } from "../../src/inference/cost.js";
 
 /**
  * pack() with hand-made token ids. Token ids are arbitrary numbers; the
@@ -359,5 +360,31 @@ describe("a question's presentations share their stem (group)", () => {
     expect(nums(reversed.inputIds)).toEqual(nums(alone.inputIds));
     expect(nums(reversed.subtreeEnd)).toEqual(nums(alone.subtreeEnd));
     expect(reversed.readout).toEqual([...alone.readout].reverse());
+  });
+});
+
+describe("packedShape: admission's plan of a pass without packing it", () => {
+  it("equals the packed request's shape: shared stems, nested and shared label prefixes, mixed groups", () => {
+    // A small deterministic generator: suffixes with shared stems inside groups, labels of 1-3 tokens that
+    // nest ([5] and [5, 6]) or share prefixes ([5, 6] and [5, 7]).
+    let seed = 7;
+    const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
+    const labelSets = [[[1], [2]], [[5, 6], [5, 7], [8]], [[5], [5, 6], [5, 6, 7]], [[1], [2], [3], [4]], [[9, 1], [9, 2], [9, 3, 4]]];
+    for (let round = 0; round < 40; round++) {
+      const qs: EncodedQuestion[] = [];
+      const groups = 1 + rnd(5);
+      for (let gi = 0; gi < groups; gi++) {
+        const stem = Array.from({ length: rnd(6) }, () => 10 + rnd(50));
+        const members = 1 + rnd(4);
+        const labels = labelSets[rnd(labelSets.length)]!;
+        for (let m = 0; m < members; m++) {
+          const rest = Array.from({ length: 1 + rnd(5) }, () => 10 + rnd(50));
+          qs.push({ suffix: [...stem, ...rest], labels, terminator: TERM, ...(rnd(3) > 0 ? { group: gi } : {}) });
+        }
+      }
+      const prefixLength = 1 + rnd(30);
+      const packed = pack(Array.from({ length: prefixLength }, (_, i) => 100 + i), qs);
+      expect(packedShape(prefixLength, qs), `round ${round}`).toEqual(shapeOf(packed));
+    }
   });
 });
