@@ -294,12 +294,14 @@ export class Engine {
     const model = lb.build.onnxPath;
     const shapes = this.lessCachedState(lb, passes, from.prefix, from.orgId).map((p) => ("shape" in p ? p.shape : shapeOf(p)));
     const main: PlannedPass[] = this.asRun(lb, shapes, from.prefix, from.orgId).map((shape) => ({ model, shape }));
-    const priorPasses = priors.flatMap(({ neutral, branches }) => {
-      const { missing } = this.priorsHeld(lb, neutral, branches);
-      return missing.length > 0 ? this.planAsRun(lb, this.neutralIds(lb, neutral), branches, from.limit, from.orgId, missing) : [];
-    });
-    const one = [...main, ...priorPasses];
+    const one = [...main, ...priors.flatMap(({ neutral, branches }) => this.planPrior(lb, neutral, branches, from.limit, from.orgId))];
     return shortlist ? [...one, ...one] : one;
+  }
+
+  /** The passes `prior` will run for `branches` against `neutral`: none for those the prior cache holds. */
+  planPrior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, orgId?: string): PlannedPass[] {
+    const { missing } = this.priorsHeld(lb, neutral, branches);
+    return missing.length > 0 ? this.planAsRun(lb, this.neutralIds(lb, neutral), branches, limit, orgId, missing) : [];
   }
 
   /**

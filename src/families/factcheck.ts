@@ -7,7 +7,7 @@ import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnve
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
-import { buildPrefix, isStatement } from "../prompt/index.js";
+import { isStatement } from "../prompt/index.js";
 import { branchCost, likelyEscalated, NEUTRAL_STATE, passLimit, type LoadedBuild } from "../engine/index.js";
 
 /**
@@ -173,12 +173,11 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   return { p, bestChunk, tokens: readTokens(d, which) };
 }
 
-/** The prior pass's shapes for admission (an upper bound: cached claims cost nothing). */
+/** The prior passes `scoreClaims` will run, for admission: none for claims whose prior the cache holds. */
 function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], orgId: string | undefined) {
   const prior = priorOf(d.lb);
   if (!prior) return [];
-  const prefix = d.lb.tokenizer.encode(buildPrefix(d.lb.style, prior.state));
-  return plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, orgId, readingsOf(d, which));
+  return fam.engine.planPrior(d.lb, prior.state, readingsOf(d, which).map((b) => d.claims.branches[b]!), d.limit, orgId);
 }
 
 export async function runFactCheck(
