@@ -249,7 +249,7 @@ export class Engine {
     return lb.build.manifest.kv !== undefined && this.prefixes.enabled && prefixLength - COMPUTED_PREFIX_TOKENS >= MIN_CACHED_TOKENS;
   }
 
-  /** The passes `scoreMany` will run, as shapes for admission. Block widths use `branchCost`, a bound on the block. */
+  /** The passes `scoreMany` will run, as shapes for admission: grouped as it groups them (by `branchCost`, a bound on a block), each shaped as it will be packed. */
   plan(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): PlannedPass[] {
     const model = lb.build.onnxPath;
     // The shape as the pass will be packed (label tries shared), not the bound that groups the blocks.
@@ -295,6 +295,8 @@ export class Engine {
     const shapes = this.lessCachedState(lb, passes, from.prefix, from.orgId).map((p) => ("shape" in p ? p.shape : shapeOf(p)));
     const main: PlannedPass[] = this.asRun(lb, shapes, from.prefix, from.orgId).map((shape) => ({ model, shape }));
     const one = [...main, ...priors.flatMap(({ neutral, branches }) => this.planPrior(lb, neutral, branches, from.limit, from.orgId))];
+    // The shortlist's second reading counts as the first again: its k presentations of k options weigh
+    // about what one list of all the options did.
     return shortlist ? [...one, ...one] : one;
   }
 
