@@ -1,5 +1,5 @@
 import { invalid } from "../errors/catalogue.js";
-import { branchCost, labelIds, pack, passLimit, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type ScoreContext } from "../engine/index.js";
+import { branchCost, labelIds, pack, passLimit, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type PriorRead, type ScoreContext } from "../engine/index.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
@@ -160,7 +160,7 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
   }
   // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
   // pass (or passes), and the content-free prior passes the calibration weighs in, less what the prior cache holds.
-  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)).map((r) => ({ neutral: r.neutral, branches: r.blocks.map((b) => prepared.encoded[b]!) }));
+  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode));
   const passes = fitsOnePass(fam.engine, lb, prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
   const planned = fam.engine.planGeneral(lb, passes, priors, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId, limit });
   const work = fam.engine.admit(planned, ctx);
@@ -271,7 +271,7 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
  * prior against its own neutral state, prior_state; "N/A" by default).
  * Admission plans these and readPriors reads them: one grouping for both.
  */
-export function priorReads(prepared: PreparedRequest, fit: CalibrationFit | null): { neutral: string; blocks: number[] }[] {
+export function priorReads(prepared: PreparedRequest, fit: CalibrationFit | null): (PriorRead & { blocks: number[] })[] {
   if (!fit?.prior) return [];
   const byNeutral = new Map<string, number[]>();
   prepared.questions.forEach((q) => {
@@ -279,15 +279,15 @@ export function priorReads(prepared: PreparedRequest, fit: CalibrationFit | null
     const neutral = fit.prior_state?.[q.type] ?? NEUTRAL_STATE;
     byNeutral.set(neutral, [...(byNeutral.get(neutral) ?? []), ...q.blocks]);
   });
-  return [...byNeutral].map(([neutral, blocks]) => ({ neutral, blocks }));
+  return [...byNeutral].map(([neutral, blocks]) => ({ neutral, blocks, branches: blocks.map((b) => prepared.encoded[b]!) }));
 }
 
 /** Content-free readings of the blocks whose question type has a prior weight, by block index. */
 async function readPriors(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<Map<number, number[]>> {
   const out = new Map<number, number[]>();
   const limit = passLimit(lb, fam.maxPackedTokens);
-  for (const { neutral, blocks } of priorReads(prepared, fit)) {
-    const reads = await fam.engine.prior(lb, neutral, blocks.map((b) => prepared.encoded[b]!), limit, ctx);
+  for (const { neutral, blocks, branches } of priorReads(prepared, fit)) {
+    const reads = await fam.engine.prior(lb, neutral, branches, limit, ctx);
     blocks.forEach((b, n) => out.set(b, reads[n]!));
   }
   return out;

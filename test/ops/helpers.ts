@@ -82,7 +82,7 @@ export function estimateMs(engine: EnginePipeline, payload: { model: string; sta
   const lb = engine.build(payload.model);
   const prepared = prepare(lb, payload.state, payload.questions as never);
   // The pipeline plans content-free prior passes too where the build's calibration weighs them in (less what the prior cache holds).
-  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode)).map((r) => ({ neutral: r.neutral, branches: r.blocks.map((b) => prepared.encoded[b]!) }));
+  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode));
   // Planned as the pipeline plans a first request on this state: a prefix cache miss, less the preamble.
   return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], priors, false, { prefix: prepared.prefix, limit: passLimit(lb, engine.maxPackedTokens) }));
 }
