@@ -52,6 +52,9 @@ export class Engine {
   /** Keys and values of each build's preamble, computed once. */
   private readonly preambles = new Preambles();
 
+  /** Per build, the prompt ids of each neutral state (neutralIds). */
+  private readonly neutrals = new WeakMap<LoadedBuild, Map<string, number[]>>();
+
   constructor(
     readonly pool: InferencePool,
     /** Keys and values of recent prefixes (prefix-cache.ts); off when its budget is 0. */
@@ -210,8 +213,13 @@ export class Engine {
     return { out, missing };
   }
 
+  /** A neutral state's prompt ids, encoded once per build and state: admission plans them and `prior` reads them. */
   private neutralIds(lb: LoadedBuild, neutral: string): number[] {
-    return lb.tokenizer.encode(buildPrefix(lb.style, neutral));
+    let byState = this.neutrals.get(lb);
+    if (!byState) this.neutrals.set(lb, (byState = new Map()));
+    let ids = byState.get(neutral);
+    if (!ids) byState.set(neutral, (ids = lb.tokenizer.encode(buildPrefix(lb.style, neutral))));
+    return ids;
   }
 
   /**
