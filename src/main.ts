@@ -71,14 +71,22 @@ async function main(): Promise<void> {
     stopping = true;
     metrics.ready.set(0);
     // A last resort if closing itself hangs (a store that never answers).
-    const hard = setTimeout(() => {
-      logger.error("shutdown did not finish in time; exiting");
-      process.exit(1);
-    }, config.drainMs + 20_000);
-    hard.unref();
+    let hard: NodeJS.Timeout | undefined;
+    const exitAfter = (ms: number) => {
+      clearTimeout(hard);
+      hard = setTimeout(() => {
+        logger.error("shutdown did not finish in time; exiting");
+        process.exit(1);
+      }, ms);
+      hard.unref();
+    };
+    exitAfter(config.drainMs + 20_000);
     logger.info({ signal, inFlight: lifecycle.inFlightCount, drainSeconds: config.drainMs / 1000 }, "draining");
     const drained = await lifecycle.drain(config.drainMs);
     if (drained.cancelled > 0) logger.warn(drained, "drain deadline reached: cancelled the requests still in flight (no charge)");
+    // A cancelled request's pass runs on in its worker (onnxruntime-node cannot stop a run), and the pool's
+    // close waits for it: exiting while a worker is inside onnxruntime aborts the process (exit 134).
+    if (engine) exitAfter(engine.pool.closeWaitMs() + 20_000);
     await app.close();
     await starting.close();
     await accounts.close();

@@ -38,7 +38,7 @@ export interface ScoreContext {
   timings?: { add(phase: "queue" | "inference", ms: number): void; cached?(tokens: number): void };
   /** The request's signal: a pass is not started after it aborts, and the pool drops or cuts loose the one in flight. */
   signal?: AbortSignal | undefined;
-  /** The organization charged: the prefix cache's partition (prefix-cache.ts). */
+  /** The organization charged: the partition of the prefix and prior caches (prefix-cache.ts, prior.ts). */
   orgId?: string;
 }
 
@@ -46,8 +46,8 @@ export interface ScoreContext {
 export type TokenReadings = number[][][];
 
 export class Engine {
-  /** Content-free readings of questions, per build (prior.ts). */
-  private readonly priors = new PriorCache();
+  /** Content-free readings of questions, per build and partition (prior.ts): the prefix cache's scope. */
+  private readonly priors: PriorCache;
 
   /** Keys and values of each build's preamble, computed once. */
   private readonly preambles = new Preambles();
@@ -61,7 +61,9 @@ export class Engine {
     readonly prefixes: PrefixCache = new PrefixCache(0, "organization"),
     /** Whether passes start from the preamble's keys and values (off: every pass computes its whole prefix; tests compare the two). */
     readonly pinPreamble = true,
-  ) {}
+  ) {
+    this.priors = new PriorCache(prefixes.scope);
+  }
 
   /**
    * The preamble's keys and values, when `packed` starts with the preamble and
@@ -194,20 +196,26 @@ export class Engine {
    */
   async prior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, ctx: ScoreContext = {}): Promise<number[][]> {
     const build = lb.build.manifest.build_hash;
-    const { out, missing } = this.priorsHeld(lb, neutral, branches);
+    const { out, missing } = this.priorsHeld(lb, neutral, branches, ctx.orgId, true);
     if (missing.length > 0) {
       const { lps } = await this.scoreMany(lb, this.neutralIds(lb, neutral), branches, limit, ctx, missing);
       for (const i of missing) {
         out[i] = lps[i]!;
-        this.priors.store(build, neutral, branches[i]!, lps[i]!);
+        this.priors.store(build, ctx.orgId, neutral, branches[i]!, lps[i]!);
       }
     }
     return out as number[][];
   }
 
-  /** The cached prior readings of `branches` against `neutral`, and the branches a prior pass must read (groups whole). */
-  private priorsHeld(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[]): { out: (number[] | undefined)[]; missing: number[] } {
-    const out = this.priors.lookup(lb.build.manifest.build_hash, neutral, branches);
+  /** The cached prior readings of `branches` against `neutral` for `orgId`, and the branches a prior pass must read (groups whole). */
+  private priorsHeld(
+    lb: LoadedBuild,
+    neutral: string,
+    branches: readonly EncodedQuestion[],
+    orgId: string | undefined,
+    touch: boolean,
+  ): { out: (number[] | undefined)[]; missing: number[] } {
+    const out = this.priors.lookup(lb.build.manifest.build_hash, orgId, neutral, branches, touch);
     // A group is read whole when any of it is missing: its block's layout depends on all its members.
     const missing = blocksOf(branches).flatMap((b) => (b.members.some((i) => out[i] === undefined) ? b.members : []));
     return { out, missing };
@@ -310,7 +318,7 @@ export class Engine {
 
   /** The passes `prior` will run for `branches` against `neutral`: none for those the prior cache holds. */
   planPrior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, orgId?: string): PlannedPass[] {
-    const { missing } = this.priorsHeld(lb, neutral, branches);
+    const { missing } = this.priorsHeld(lb, neutral, branches, orgId, false);
     return missing.length > 0 ? this.planAsRun(lb, this.neutralIds(lb, neutral), branches, limit, orgId, missing) : [];
   }
 

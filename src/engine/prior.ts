@@ -1,3 +1,4 @@
+import { LRUCache } from "lru-cache";
 import type { EncodedQuestion } from "../inference/pack.js";
 
 /**
@@ -17,33 +18,42 @@ import type { EncodedQuestion } from "../inference/pack.js";
  */
 export const NEUTRAL_STATE = "N/A";
 
+/**
+ * Partitioned by organization unless configured as shared (the prefix cache's
+ * scope, ASSAY_PREFIX_CACHE_SCOPE): a question whose prior is cached answers
+ * a pass sooner (about 0.9 s of a 2.4 s request on the 1.5B build), so a
+ * shared cache would let one organization time whether another asked a given
+ * question or checked a given claim.
+ */
 export class PriorCache {
-  private readonly entries = new Map<string, number[]>();
+  private readonly lru: LRUCache<string, number[]>;
 
-  constructor(private readonly maxEntries = 50_000) {}
-
-  private key(build: string, neutral: string, q: EncodedQuestion): string {
-    return `${build}|${neutral.length}:${neutral}|${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
+  constructor(
+    readonly scope: "organization" | "shared",
+    maxEntries = 50_000,
+  ) {
+    this.lru = new LRUCache<string, number[]>({ max: maxEntries });
   }
 
-  /** Each branch's cached reading against `neutral`, or undefined. A hit becomes the most recently used entry. */
-  lookup(build: string, neutral: string, branches: readonly EncodedQuestion[]): (number[] | undefined)[] {
-    const out = branches.map((b) => {
-      const k = this.key(build, neutral, b);
-      const hit = this.entries.get(k);
-      if (hit) {
-        // Refresh: Map order is the LRU order.
-        this.entries.delete(k);
-        this.entries.set(k, hit);
-      }
-      return hit;
+  private key(build: string, org: string | undefined, neutral: string, q: EncodedQuestion): string {
+    const part = this.scope === "shared" ? "" : (org ?? "");
+    return `${build}\u0000${part}\u0000${neutral.length}:${neutral}\u0000${q.suffix.join(",")}|${q.labels.map((l) => l.join(",")).join(";")}`;
+  }
+
+  /**
+   * Each branch's cached reading against `neutral` in `org`'s partition, or
+   * undefined. `touch`: a hit becomes the most recently used entry (a read);
+   * admission's planning only looks, so a refused request keeps nothing warm.
+   */
+  lookup(build: string, org: string | undefined, neutral: string, branches: readonly EncodedQuestion[], touch = true): (number[] | undefined)[] {
+    return branches.map((b) => {
+      const k = this.key(build, org, neutral, b);
+      return touch ? this.lru.get(k) : this.lru.peek(k);
     });
-    return out;
   }
 
-  store(build: string, neutral: string, branch: EncodedQuestion, reading: number[]): void {
-    this.entries.set(this.key(build, neutral, branch), reading);
-    while (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+  store(build: string, org: string | undefined, neutral: string, branch: EncodedQuestion, reading: number[]): void {
+    this.lru.set(this.key(build, org, neutral, branch), reading);
   }
 }
 

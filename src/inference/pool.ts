@@ -209,8 +209,13 @@ const LOAD_SETUP_MS = 2_000;
 /** A model file's metric label: its build folder. */
 const buildLabel = (model: string) => path.basename(path.dirname(model));
 
-/** How long close() waits for model loads under way before it terminates the workers. */
-const LOAD_DRAIN_MS = 60_000;
+/**
+ * The least close() waits for the tasks in the workers' hands (a model load, a pass, cancelled or not)
+ * before it terminates the workers; a running pass estimated longer gets twice its estimate left
+ * (closeWaitMs). Passes are bounded by ASSAY_MAX_PACKED_TOKENS, but not in time: a 3,700-token pass
+ * of the 1.5B build took 67 s on a 2-core machine without AVX-512.
+ */
+const TASK_DRAIN_MS = 60_000;
 
 /** An abort reason as the error the caller should get: ours when it is an AssayError, else 504. */
 function abortError(signal: AbortSignal): AssayError {
@@ -252,11 +257,14 @@ export class InferencePool {
   private readonly loaded = new Set<string>();
   private readonly testFaults: boolean;
   private nextFault: TestFault | null = null;
+  /** Releases of the stall faults not yet let go: close() lets them go, so it does not wait out its bound on a test's stall. */
+  private readonly stalls = new Set<() => void>();
   private closed = false;
   private seq = 0;
   /** Per model file: the live cost estimate of its passes (shared by the lanes, which run the same provider). */
   private readonly costs = new Map<string, CostModel>();
-  private readonly loads = new Set<Promise<void>>();
+  /** Every task a worker holds (loads, unloads, passes): close() lets them finish before it terminates the threads. */
+  private readonly inWorkers = new Set<Promise<void>>();
   /** Per model file: ms its last load on a main worker took (the estimate of its reload). */
   private readonly loadMs = new Map<string, number>();
   /** The admitted request each request signal belongs to: every pass run with that signal is its work. */
@@ -651,14 +659,13 @@ export class InferencePool {
     const x = lane.express;
     if (!x || x.loading !== null || x.ready.has(model) || !this.loaded.has(model) || this.closed) return Promise.resolve();
     x.loading = model;
-    const load = x.pool.run({ kind: "load", model } satisfies Task);
-    this.trackLoad(load);
+    const load = this.held(x.pool.run({ kind: "load", model } satisfies Task));
     return load
       .then(
         (r: unknown) => {
           if (!(r as TaskResult).ok) return;
           if (this.loaded.has(model)) x.ready.add(model);
-          else void x.pool.run({ kind: "unload", model } satisfies Task).catch(() => {}); // unloaded meanwhile
+          else void this.held(x.pool.run({ kind: "unload", model } satisfies Task)).catch(() => {}); // unloaded meanwhile
         },
         (e: unknown) => console.error(`[assay] inference lane ${lane.index} (express): load of ${model} failed: ${String(e)}`),
       )
@@ -685,8 +692,7 @@ export class InferencePool {
     const since = x ? x.runningSince : lane.runningSince;
     metrics.queueWait.observe((since - job.enqueuedAt) / 1000);
     const transfer: ArrayBuffer[] = [];
-    const run = (x ? x.pool : lane.pool).run(job.task, { transferList: transfer });
-    if (job.task.kind === "load") this.trackLoad(run);
+    const run = this.held((x ? x.pool : lane.pool).run(job.task, { transferList: transfer }));
     run
       .then(
         (r: unknown) => {
@@ -792,7 +798,7 @@ export class InferencePool {
       this.loaded.delete(model);
       for (const x of this.lanes.map((l) => l.express)) {
         if (!x?.ready.delete(model)) continue;
-        x.pool.run({ kind: "unload", model } satisfies Task).catch((e: unknown) => console.error(`[assay] express unload of ${model} failed: ${String(e)}`));
+        this.held(x.pool.run({ kind: "unload", model } satisfies Task)).catch((e: unknown) => console.error(`[assay] express unload of ${model} failed: ${String(e)}`));
       }
     }
     return out as LoadOk[];
@@ -811,23 +817,39 @@ export class InferencePool {
     }
     const flag = new Int32Array(new SharedArrayBuffer(4));
     this.nextFault = { kind, flag };
-    return () => {
+    const release = () => {
       Atomics.store(flag, 0, 1);
       Atomics.notify(flag, 0);
+      this.stalls.delete(release);
     };
+    this.stalls.add(release);
+    return release;
   }
 
-  /** A model load under way on some worker: close() lets it finish before the threads are terminated. */
-  private trackLoad(p: Promise<unknown>): void {
+  /** A task handed to a worker thread, tracked until it settles: close() lets it finish before the threads are terminated. */
+  private held<T>(p: Promise<T>): Promise<T> {
     const done: Promise<void> = p.then(
       () => undefined,
       () => undefined,
     );
-    this.loads.add(done);
-    void done.finally(() => this.loads.delete(done));
+    this.inWorkers.add(done);
+    void done.finally(() => this.inWorkers.delete(done));
+    return p;
+  }
+
+  /** How long close() would now wait for what the workers hold: twice the longest running task's estimate left, TASK_DRAIN_MS at least. */
+  closeWaitMs(): number {
+    const now = performance.now();
+    let rest = 0;
+    for (const l of this.lanes) {
+      if (l.running) rest = Math.max(rest, l.running.cost - (now - l.runningSince));
+      if (l.express?.running) rest = Math.max(rest, l.express.running.cost - (now - l.express.runningSince));
+    }
+    return Math.max(TASK_DRAIN_MS, 2 * rest);
   }
 
   async close(): Promise<void> {
+    const wait = this.closeWaitMs();
     this.closed = true;
     metrics.queueSources.delete(this.queueSource);
     for (const l of this.lanes) {
@@ -838,13 +860,15 @@ export class InferencePool {
       }
       for (const w of [...l.works]) w.release();
     }
-    // A worker terminated while onnxruntime creates a session aborts the whole process (a native
-    // error thrown through N-API: "terminate called after throwing an instance of 'Napi::Error'",
-    // seen when a test's app closed during the express worker's lazy load). Loads under way finish
-    // first, for at most LOAD_DRAIN_MS.
-    if (this.loads.size > 0) {
+    for (const release of [...this.stalls]) release();
+    // A worker terminated inside onnxruntime's native code (creating a session, or running a pass whose
+    // request was cancelled) aborts the whole process: a native error thrown through N-API, "terminate
+    // called after throwing an instance of 'Napi::Error'" (exit 134). Seen when a test's app closed
+    // during the express worker's lazy load, and when a drain's deadline cancelled a request mid-pass.
+    // What the workers hold finishes first, for at most `wait`.
+    if (this.inWorkers.size > 0) {
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([Promise.all([...this.loads]), new Promise<void>((r) => (timer = setTimeout(r, LOAD_DRAIN_MS)))]);
+      await Promise.race([Promise.all([...this.inWorkers]), new Promise<void>((r) => (timer = setTimeout(r, wait)))]);
       clearTimeout(timer);
     }
     await Promise.all(this.lanes.flatMap((l) => [l.pool.destroy(), ...(l.express ? [l.express.pool.destroy()] : [])]));

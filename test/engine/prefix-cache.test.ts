@@ -209,6 +209,34 @@ describe("prefix cache", () => {
     expect(b.timings.cachedPrefixTokens).toBe(packed.prefixLength - COMPUTED_PREFIX_TOKENS);
   }, 120_000);
 
+  it("the content-free prior cache has the same partitions: another organization's question is read again, and reads the same", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    // A claim no other test reads: a cached prior answers sooner, so org-b must not find org-a's.
+    const { encoded } = prepare(lb, STATE, { p: { type: "noul", instructions: "The warehouse in Leeds closed on 30 March." } });
+    const passesRun = async (engine: Engine, org: string) => {
+      let n = 0;
+      pipeline.pool.onPassTimed = () => n++;
+      try {
+        return { reading: await engine.prior(lb, NEUTRAL_STATE, encoded, 8192, ctx(org)), passes: n };
+      } finally {
+        pipeline.pool.onPassTimed = null;
+      }
+    };
+    // (At least one pass: the build's preamble may be computed first.)
+    const a = await passesRun(pipeline.engine, "org-prior-a");
+    expect(a.passes).toBeGreaterThanOrEqual(1);
+    expect((await passesRun(pipeline.engine, "org-prior-a")).passes).toBe(0);
+    expect(pipeline.engine.planPrior(lb, NEUTRAL_STATE, encoded, 8192, "org-prior-b")).toHaveLength(1);
+    const b = await passesRun(pipeline.engine, "org-prior-b");
+    expect(b.passes).toBeGreaterThanOrEqual(1);
+    expect(maxDiff(b.reading, a.reading)).toBeLessThanOrEqual(TOL);
+    // Shared (a single-tenant deployment): the second organization's request reads the first's entry.
+    const shared = new Engine(pipeline.pool, new PrefixCache(0, "shared"));
+    expect((await passesRun(shared, "org-prior-a")).passes).toBeGreaterThanOrEqual(1);
+    expect(shared.planPrior(lb, NEUTRAL_STATE, encoded, 8192, "org-prior-b")).toHaveLength(0);
+    expect((await passesRun(shared, "org-prior-b")).passes).toBe(0);
+  }, 120_000);
+
   it("a request read in several passes computes its state once and reads as in one pass", async () => {
     const lb = pipeline.build("vendor/judge-9B");
     const prepared = prepare(lb, STATE, QUESTIONS);
