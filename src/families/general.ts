@@ -1,5 +1,5 @@
 import { invalid } from "../errors/catalogue.js";
-import { branchCost, labelIds, pack, passLimit, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type PriorRead, type ScoreContext } from "../engine/index.js";
+import { branchCost, labelIds, pack, passLimit, subtractPrior, NEUTRAL_STATE, type Engine, type EncodedQuestion, type LoadedBuild, type PackedRequest, type PlannedPass, type PriorRead, type ScoreContext } from "../engine/index.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
@@ -141,6 +141,18 @@ export async function readBranches(engine: Engine, lb: LoadedBuild, prepared: Pr
   return (await engine.scoreMany(lb, prepared.prefix, prepared.encoded, limit, ctx)).lps as number[][];
 }
 
+/**
+ * The passes a general request will run, as admission counts them: its pass
+ * (or passes), the content-free prior passes its calibration weighs in (less
+ * what the prior cache holds for `orgId`), and the shortlist's second reading.
+ */
+export function plannedGeneral(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, orgId: string | undefined): PlannedPass[] {
+  const limit = passLimit(lb, fam.maxPackedTokens);
+  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode));
+  const passes = fitsOnePass(fam.engine, lb, prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
+  return fam.engine.planGeneral(lb, passes, priors, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId, limit });
+}
+
 export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
   const parsed = generalQuestions().safeParse(env.questions);
   if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
@@ -158,12 +170,8 @@ export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: Requ
         `(with its answer labels) ${widest}, over the ${lb.build.manifest.kv ? "model's context" : "limit per pass"} of ${room} tokens; send a shorter state or shorter questions`,
     );
   }
-  // Admission by estimated work, before the credit hold (529 / 422 hold nothing): the
-  // pass (or passes), and the content-free prior passes the calibration weighs in, less what the prior cache holds.
-  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode));
-  const passes = fitsOnePass(fam.engine, lb, prepared, limit) ? [prepared.packed] : fam.engine.plan(lb, prepared.prefix.length, prepared.encoded, limit);
-  const planned = fam.engine.planGeneral(lb, passes, priors, shortlisted(fam, lb, prepared).length > 0, { prefix: prepared.prefix, orgId: ctx.orgId, limit });
-  const work = fam.engine.admit(planned, ctx);
+  // Admission by estimated work, before the credit hold (529 / 422 hold nothing).
+  const work = fam.engine.admit(plannedGeneral(fam, lb, prepared, ctx.orgId), ctx);
   try {
     await ctx.admit?.(prepared.packed.promptTokens);
     const answers = await score(fam, lb, prepared, ctx);

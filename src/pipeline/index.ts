@@ -9,7 +9,7 @@ import { parseSchedule } from "../models/schedule.js";
 import { DEFAULT_DEBIAS, NO_DEBIAS, type Debias } from "../prompt/index.js";
 import { runCodeSearch } from "../families/codesearch.js";
 import { runFactCheck } from "../families/factcheck.js";
-import { prepare, runGeneral } from "../families/general.js";
+import { plannedGeneral, prepare, runGeneral } from "../families/general.js";
 import type { FamilyEnv } from "../families/types.js";
 import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import type { ModelListing, Pipeline, PipelineContext } from "./types.js";
@@ -126,6 +126,17 @@ export class EnginePipeline implements Pipeline {
         ready: this.warm && this.lifecycle.state(r.build) === "loaded",
       };
     });
+  }
+
+  /**
+   * The ms admission would count now for a general request from `orgId` (its
+   * passes, priors and shortlist at the live pass rate, as `runGeneral` plans
+   * them): what the operating tests size their deadlines by.
+   */
+  estimateGeneralMs(env: Pick<RequestEnvelope, "model" | "state" | "questions">, orgId?: string): number {
+    const lb = this.build(env.model);
+    const prepared = prepare(lb, env.state, env.questions as Parameters<typeof prepare>[2], undefined, { debias: this.families.debias });
+    return this.pool.estimate(plannedGeneral(this.families, lb, prepared, orgId));
   }
 
   private resolve(name: string): ResolvedModel {

@@ -10,7 +10,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { DEADLINE_MARGIN } from "../../src/inference/work.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
-import { estimateMs, makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
+import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
 let t: OpsApp | null = null;
@@ -49,12 +49,12 @@ const metricsText = async () => (await t!.app.inject({ method: "GET", url: "/met
 describe("529 by estimated work", () => {
   it("a request that would not finish by its deadline is refused at once: Retry-After, the wait and the deadline in the detail, no hold", async () => {
     const big = noul(longState(180));
-    const est = estimateMs(engine, big);
+    const est = engine.estimateGeneralMs(big);
     // Room for one such request behind the stalled one, not for two, at the headroom admission uses now
     // (above SAFETY after passes slowed by a loaded machine overran their estimates). The stalled
     // request's own estimate counts: on a loaded 2-core machine a one-line request's fixed cost per
     // pass made it 0.6 of the long one's, more than a deadline derived from the long one alone allowed.
-    const deadline = Math.ceil(engine.pool.safety() * (estimateMs(engine, noul(SHORT)) + 1.5 * est));
+    const deadline = Math.ceil(engine.pool.safety() * (engine.estimateGeneralMs(noul(SHORT)) + 1.5 * est));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(deadline) });
     const refusedBefore = sample(await metricsText(), "assay_admission_refused_total", { reason: "deadline" });
     const release = stall();
@@ -90,7 +90,7 @@ describe("529 by estimated work", () => {
 describe("deadlines by work", () => {
   it("a request whose own work needs more than the default deadline gets a later one, and is answered", async () => {
     const payload = noul(longState(120));
-    const est = estimateMs(engine, payload);
+    const est = engine.estimateGeneralMs(payload);
     // A default deadline the request could never meet: without deadlines by work it would be a 504.
     const short = Math.max(20, Math.floor(est / 4));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(short) });
@@ -105,7 +105,7 @@ describe("deadlines by work", () => {
 
   it("work beyond ASSAY_REQUEST_TIMEOUT_MAX_MS is refused up front with 422 naming it; no hold, nothing run", async () => {
     const payload = noul(longState(120));
-    const est = estimateMs(engine, payload);
+    const est = engine.estimateGeneralMs(payload);
     const cap = Math.max(2, Math.floor(est / 2));
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(Math.max(1, Math.floor(cap / 2))), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(cap) });
     const before = sample(await metricsText(), "assay_admission_refused_total", { reason: "too_large" });
@@ -174,7 +174,7 @@ describe("a short pass beside a long one (the express worker)", () => {
     t = await makeOpsApp(engine);
     const other = t.accounts.createKey("gamma");
     const long = noul(longState(300));
-    expect(estimateMs(engine, long)).toBeGreaterThan(2 * estimateMs(engine, noul(SHORT)));
+    expect(engine.estimateGeneralMs(long)).toBeGreaterThan(2 * engine.estimateGeneralMs(noul(SHORT)));
     // The express worker loads a model the first time a short pass could go beside a long one, so the
     // first rounds may run in order (loading the 1.5B build takes a few long passes on 2 cores); within
     // ten rounds the short request must overtake.
@@ -203,8 +203,8 @@ describe("a short pass beside a long one (the express worker)", () => {
     const lb = engine.build("judge-latest");
     await engine.pool.preloadExpress(lb.build.onnxPath);
     const long = noul(longState(1_500));
-    const shortEst = estimateMs(engine, noul(SHORT));
-    const longEst = estimateMs(engine, long);
+    const shortEst = engine.estimateGeneralMs(noul(SHORT));
+    const longEst = engine.estimateGeneralMs(long);
     expect(longEst, `long ${longEst} ms, short ${shortEst} ms`).toBeGreaterThan(12 * shortEst);
     const deadline = Math.ceil(engine.pool.safety() * 0.2 * longEst);
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline) });

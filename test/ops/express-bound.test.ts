@@ -11,7 +11,7 @@
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
-import { estimateMs, makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
+import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
 let t: OpsApp | null = null;
@@ -36,12 +36,12 @@ it("a primary-cell-sized request of another organization runs beside a long pass
     state: `Mail: ${text(300, 2)}`,
     questions: { topic: { type: "choice", instructions: "What is the mail about?", criteria: { delivery: null, billing: null, product: null, account: null } } },
   };
-  const midEst = estimateMs(engine, mid);
+  const midEst = engine.estimateGeneralMs(mid);
   const bound = engine.pool.costModel(lb.build.onnxPath).estimate({ tokens: 1024, prefix: 1024, branches: 0, width: 0 });
   // The premises: above the ms bound, within the token bound, and short beside the long pass.
   expect(midEst, `mid ${midEst} ms, the 1,024-token bound ${bound} ms`).toBeGreaterThan(1);
   expect(midEst).toBeLessThan(bound);
-  expect(estimateMs(engine, long)).toBeGreaterThan(3 * midEst);
+  expect(engine.estimateGeneralMs(long)).toBeGreaterThan(3 * midEst);
 
   t = await makeOpsApp(engine);
   const other = t.accounts.createKey("epsilon");

@@ -13,7 +13,7 @@ import { StartingPipeline } from "../../src/http/starting.js";
 import { metrics } from "../../src/observability/metrics.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
-import { body, estimateMs, makeOpsApp, startFaultyEngine, until, type OpsApp } from "./helpers.js";
+import { body, makeOpsApp, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
 let t: OpsApp | null = null;
@@ -81,7 +81,7 @@ describe("504 when a request exceeds its deadline", () => {
     // At least 6 s, and whole seconds with room for twice the queued request's estimated finish (the
     // stalled one's work and its own, at the headroom admission uses now): on a loaded 2-core machine a
     // fixed 6 s left the second request refused with 529 instead of queued.
-    const finish = engine.pool.safety() * (estimateMs(engine, body("stalled in the worker")) + estimateMs(engine, body("waiting in the queue")));
+    const finish = engine.pool.safety() * (engine.estimateGeneralMs(body("stalled in the worker")) + engine.estimateGeneralMs(body("waiting in the queue")));
     const deadline = Math.max(6000, Math.ceil((2 * finish) / 1000) * 1000);
     t = await makeOpsApp(engine, { ASSAY_REQUEST_TIMEOUT_MS: String(deadline), ASSAY_REQUEST_TIMEOUT_MAX_MS: String(deadline) });
     const release = stall();

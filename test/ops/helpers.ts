@@ -11,9 +11,6 @@ import type { FastifyBaseLogger, FastifyInstance } from "fastify";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { buildApp } from "../../src/app.js";
 import { loadConfig, type Config } from "../../src/config/index.js";
-import { prepare, priorReads } from "../../src/families/general.js";
-import { passLimit } from "../../src/engine/index.js";
-import { calibrationForMode } from "../../src/probability/index.js";
 import { Lifecycle } from "../../src/http/lifecycle.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Pipeline } from "../../src/pipeline/types.js";
@@ -77,15 +74,6 @@ export const body = (state = "The parcel arrived two weeks late and the box was 
   },
 });
 
-/** The engine's current estimate (ms) for a general request, as the pipeline will plan it. */
-export function estimateMs(engine: EnginePipeline, payload: { model: string; state: string; questions: object }): number {
-  const lb = engine.build(payload.model);
-  const prepared = prepare(lb, payload.state, payload.questions as never);
-  // The pipeline plans content-free prior passes too where the build's calibration weighs them in (less what the prior cache holds).
-  const priors = priorReads(prepared, calibrationForMode(lb.build.manifest.calibration, prepared.debias.mode));
-  // Planned as the pipeline plans a first request on this state: a prefix cache miss, less the preamble.
-  return engine.pool.estimate(engine.engine.planGeneral(lb, [prepared.packed], priors, false, { prefix: prepared.prefix, limit: passLimit(lb, engine.maxPackedTokens) }));
-}
 
 /** One copy of the polling wait for every process-tier test. */
 export { until } from "../reliability/harness.js";
