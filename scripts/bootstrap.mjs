@@ -152,6 +152,17 @@ function ensureModels() {
     fs.renameSync(tmp, dir);
     say(`model "${name}" ready in ${dir}`);
   }
+  // A W8A8 build's second graph, the same products exact on a CPU without VNNI or AMX
+  // (scripts/u8u8.py; the engine picks it per machine, ASSAY_INT8_PRODUCTS). Builds made before it get it now.
+  for (const [name, build] of Object.entries(registry.builds)) {
+    if (!used.has(name) && !args.has("--all-models")) continue;
+    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+    const manifest = path.join(dir, "manifest.json");
+    if (!fs.existsSync(manifest) || fs.existsSync(path.join(dir, "model.u8u8.onnx"))) continue;
+    if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
+    say(`model "${name}": writing its u8 x u8 graph (first run only, about a minute) ...`);
+    run(ensureVenv(), [path.join(ROOT, "scripts", "u8u8.py"), "--build", dir]);
+  }
 }
 
 ensureNodeModules();

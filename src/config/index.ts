@@ -36,6 +36,7 @@ const Env = z.object({
   ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
   /** `cpu` or `cuda`. */
   ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda"]).default("cpu").meta({ doc: "`cpu` or `cuda`" }),
+  ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU); `auto` picks `u8s8` on a GPU or a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
   ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
   /** Start on CPU when CUDA cannot start (otherwise boot fails). */
@@ -175,6 +176,8 @@ export type Config = Readonly<{
   modelsDir: string;
   modelsConfig: string;
   provider: "cpu" | "cuda";
+  /** Which graph of a W8A8 build runs (models/int8.ts). */
+  int8Products: "auto" | "u8s8" | "u8u8";
   cudaDevices: number[];
   cudaFallbackCpu: boolean;
   workers: number;
@@ -240,6 +243,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     modelsDir: e.ASSAY_MODELS_DIR,
     modelsConfig: e.ASSAY_MODELS_CONFIG,
     provider: e.ASSAY_EXECUTION_PROVIDER,
+    int8Products: e.ASSAY_INT8_PRODUCTS,
     cudaDevices,
     cudaFallbackCpu: e.ASSAY_CUDA_FALLBACK_CPU,
     workers,

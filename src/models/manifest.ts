@@ -1,6 +1,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { z } from "zod";
+import { INT8_GRAPH, type Int8Products } from "./int8.js";
 import { ROOT } from "../config/index.js";
 
 /**
@@ -109,6 +110,12 @@ export interface ReadBuildOptions {
    * shipped prior alone (calibrate), without changing a build once loaded.
    */
   calibration?: (found: CalibrationFit | null, manifest: Manifest) => CalibrationFit | null;
+  /**
+   * The int8 products to run (int8.ts): `u8u8` picks `model.u8u8.onnx` where
+   * the build has it (a W8A8 build made before it had none: `model.onnx`,
+   * told through `warn`). Default `u8s8`: `model.onnx`.
+   */
+  int8?: Int8Products;
 }
 
 /**
@@ -149,10 +156,18 @@ export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild 
   const manifest = Manifest.parse(JSON.parse(fs.readFileSync(file, "utf8")));
   const found = findCalibration(dir, manifest, opts);
   manifest.calibration = opts.calibration ? opts.calibration(found, manifest) : found;
+  let graph = "model.onnx";
+  if (opts.int8 === "u8u8" && manifest.quantization["op"] === "MatMulInteger") {
+    if (fs.existsSync(path.join(dir, INT8_GRAPH.u8u8))) graph = INT8_GRAPH.u8u8;
+    else
+      (opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_INT8_GRAPH" })))(
+        `${dir} has no ${INT8_GRAPH.u8u8}: its int8 products may saturate on this CPU and move answers; run npm run prepare-models`,
+      );
+  }
   return {
     dir,
     manifest,
-    onnxPath: path.join(dir, "model.onnx"),
+    onnxPath: path.join(dir, graph),
     tokenizerJson: path.join(dir, "tokenizer.json"),
     tokenizerConfig: path.join(dir, "tokenizer_config.json"),
   };

@@ -2,6 +2,7 @@ import type { Config } from "../config/index.js";
 import { invalid } from "../errors/catalogue.js";
 import { Engine, PrefixCache, loadBuild, type LoadedBuild } from "../engine/index.js";
 import { InferencePool } from "../inference/pool.js";
+import { int8Products } from "../models/int8.js";
 import { ModelLifecycle } from "../models/lifecycle.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
 import type { ReadBuildOptions } from "../models/manifest.js";
@@ -74,8 +75,10 @@ export class EnginePipeline implements Pipeline {
     try {
       const def = registry.resolve(registry.file.default);
       const override = opts.calibration && registry.has(opts.calibration.model) ? registry.resolve(opts.calibration.model).build : null;
+      const int8 = int8Products(config.int8Products, config.provider);
+      log(`int8 products: ${int8.use} (${int8.why})`);
       for (const build of registry.usedBuilds()) {
-        const lb = loadBuild(registry.buildDir(build), build === override ? { calibration: opts.calibration!.fit } : {});
+        const lb = loadBuild(registry.buildDir(build), { int8: int8.use, ...(build === override ? { calibration: opts.calibration!.fit } : {}) });
         p.builds.set(build, lb);
         lifecycle.register(build, lb.build.onnxPath, registry.availability(build));
       }

@@ -1,0 +1,41 @@
+import fs from "node:fs";
+
+/**
+ * Which of a W8A8 build's two graphs this machine runs (scripts/u8u8.py):
+ * `model.onnx` multiplies uint8 activations by int8 weights, exact in
+ * onnxruntime's kernels only where the CPU has VNNI or AMX; elsewhere (AVX2,
+ * AVX-512 without VNNI) they add pairs of products into int16 with
+ * saturation and the answers drift (bench/RESULTS.md, session 26).
+ * `model.u8u8.onnx` holds the same weights as uint8 (zero point 128): the
+ * same integer products, exact on every CPU.
+ */
+export type Int8Products = "u8s8" | "u8u8";
+
+/** CPU flags that make onnxruntime's u8 × s8 kernels exact (an int32 sum per product). */
+const EXACT_U8S8 = ["avx512_vnni", "avx_vnni", "amx_int8"];
+
+/** The CPU's flags from /proc/cpuinfo, or null where it cannot be read (not Linux). */
+function cpuFlags(): Set<string> | null {
+  try {
+    const line = fs.readFileSync("/proc/cpuinfo", "utf8").split("\n").find((l) => /^(flags|Features)\s*:/.test(l));
+    return line ? new Set(line.split(":")[1]!.trim().split(/\s+/)) : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * `auto`: u8 × s8 on a GPU and on a CPU known to have VNNI or AMX; u8 × u8
+ * otherwise, an unknown CPU included (exact everywhere; on an AVX2 CPU it is
+ * no slower, bench/RESULTS.md).
+ */
+export function int8Products(setting: "auto" | Int8Products, provider: "cpu" | "cuda", flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
+  if (setting !== "auto") return { use: setting, why: "ASSAY_INT8_PRODUCTS" };
+  if (provider === "cuda") return { use: "u8s8", why: "the CUDA provider" };
+  const exact = flags && EXACT_U8S8.find((f) => flags.has(f));
+  if (exact) return { use: "u8s8", why: `this CPU has ${exact}` };
+  return { use: "u8u8", why: flags ? `this CPU has none of ${EXACT_U8S8.join(", ")}` : "this CPU's flags are unknown" };
+}
+
+/** The graph file of the chosen products in an exported build's folder. */
+export const INT8_GRAPH: Record<Int8Products, string> = { u8s8: "model.onnx", u8u8: "model.u8u8.onnx" };
