@@ -108,9 +108,10 @@ function ensureModels() {
   const recipes = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "recipes.json"), "utf8"));
   // Builds used by some public name (every build with --all-models).
   const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
-  for (const [name, build] of Object.entries(registry.builds)) {
-    if (!used.has(name) && !args.has("--all-models")) continue;
-    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+  const builds = Object.entries(registry.builds)
+    .filter(([name]) => used.has(name) || args.has("--all-models"))
+    .map(([name, build]) => ({ name, build, dir: path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir) }));
+  for (const { name, build, dir } of builds) {
     const manifest = path.join(dir, "manifest.json");
     const recipe = build.recipe && recipes[build.recipe];
     if (fs.existsSync(manifest)) {
@@ -154,9 +155,7 @@ function ensureModels() {
   }
   // A W8A8 build's second graph, the same products exact on a CPU without VNNI or AMX
   // (scripts/u8u8.py; the engine picks it per machine, ASSAY_INT8_PRODUCTS). Builds made before it get it now.
-  for (const [name, build] of Object.entries(registry.builds)) {
-    if (!used.has(name) && !args.has("--all-models")) continue;
-    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+  for (const { name, dir } of builds) {
     const manifest = path.join(dir, "manifest.json");
     if (!fs.existsSync(manifest) || fs.existsSync(path.join(dir, "model.u8u8.onnx"))) continue;
     if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;

@@ -38,10 +38,8 @@ def rewrite(model: onnx.ModelProto) -> int:
     """Every MatMulInteger whose weights are an int8 initializer reads them as uint8 with zero point 128."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
-    consumers: dict[str, int] = {}
-    for node in g.node:
-        for x in node.input:
-            consumers[x] = consumers.get(x, 0) + 1
+    # Weights read by anything else than a MatMulInteger's B input cannot change type.
+    other_uses = {x for n in g.node for k, x in enumerate(n.input) if not (n.op_type == "MatMulInteger" and k == 1)}
     done: set[str] = set()
     count = 0
     for node in g.node:
@@ -53,7 +51,7 @@ def rewrite(model: onnx.ModelProto) -> int:
         if len(node.input) != 3:
             raise SystemExit(f"{node.name}: expected inputs (A, B, a_zero_point), got {list(node.input)}")
         if w.name not in done:
-            if consumers[w.name] != sum(1 for n in g.node if n.op_type == "MatMulInteger" and n.input[1] == w.name):
+            if w.name in other_uses:
                 raise SystemExit(f"{w.name} is read by other nodes than MatMulInteger; not rewritten")
             shifted = (numpy_helper.to_array(w).astype(np.int16) + 128).astype(np.uint8)
             w.CopyFrom(numpy_helper.from_array(shifted, w.name))
