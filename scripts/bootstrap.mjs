@@ -153,14 +153,20 @@ function ensureModels() {
     fs.renameSync(tmp, dir);
     say(`model "${name}" ready in ${dir}`);
   }
-  // A W8A8 build's second graph, the same products exact on a CPU without VNNI or AMX
-  // (scripts/u8u8.py; the engine picks it per machine, ASSAY_INT8_PRODUCTS). Builds made before it get it now.
+  // A W8A8 build's other graphs, the same products for other kernels (scripts/int8_graphs.py; the engine
+  // picks one per machine, ASSAY_INT8_PRODUCTS): u8 x u8, exact on a CPU without VNNI or AMX, always; s8 x s8,
+  // the one the CUDA provider has kernels for, on a GPU server. Builds made before them get them now.
+  const variants = [["u8u8", "model.u8u8.onnx", "u8 x u8"]];
+  if (process.env.ASSAY_EXECUTION_PROVIDER === "cuda") variants.push(["s8s8", "model.s8s8.onnx", "s8 x s8 (CUDA)"]);
   for (const { name, dir } of builds) {
     const manifest = path.join(dir, "manifest.json");
-    if (!fs.existsSync(manifest) || fs.existsSync(path.join(dir, "model.u8u8.onnx"))) continue;
+    if (!fs.existsSync(manifest)) continue;
     if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
-    say(`model "${name}": writing its u8 x u8 graph (first run only, about a minute) ...`);
-    run(ensureVenv(), [path.join(ROOT, "scripts", "u8u8.py"), "--build", dir]);
+    for (const [variant, file, what] of variants) {
+      if (fs.existsSync(path.join(dir, file))) continue;
+      say(`model "${name}": writing its ${what} graph (first run only, about a minute) ...`);
+      run(ensureVenv(), [path.join(ROOT, "scripts", "int8_graphs.py"), "--build", dir, "--variant", variant]);
+    }
   }
 }
 

@@ -36,7 +36,7 @@ const Env = z.object({
   ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
   /** `cpu` or `cuda`. */
   ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda"]).default("cpu").meta({ doc: "`cpu` or `cuda`" }),
-  ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU); `auto` picks `u8s8` on a GPU or a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
+  ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8", "s8s8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU), `s8s8` (`model.s8s8.onnx`: the same products with a kernel on the CUDA provider, whose MatMulInteger takes int8 × int8 only); `auto` picks `s8s8` on CUDA, `u8s8` on a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
   ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
   /** Start on CPU when CUDA cannot start (otherwise boot fails). */
@@ -177,7 +177,7 @@ export type Config = Readonly<{
   modelsConfig: string;
   provider: "cpu" | "cuda";
   /** Which graph of a W8A8 build runs (models/int8.ts). */
-  int8Products: "auto" | "u8s8" | "u8u8";
+  int8Products: "auto" | "u8s8" | "u8u8" | "s8s8";
   cudaDevices: number[];
   cudaFallbackCpu: boolean;
   workers: number;

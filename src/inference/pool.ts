@@ -283,7 +283,7 @@ export class InferencePool {
    */
   onPassTimed: ((model: string, shape: PassShape, runMs: number) => void) | null = null;
 
-  constructor(config: Config) {
+  constructor(config: Config, fallback: Pick<LaneOptions, "cpuGraph"> = {}) {
     if (!fs.existsSync(WORKER_FILE)) {
       throw new Error(`worker ${WORKER_FILE} is not built; run npm run build (npm start/test do it for you)`);
     }
@@ -299,6 +299,7 @@ export class InferencePool {
             intraOpThreads: config.intraOpThreads,
             spinning: config.intraOpSpinning,
             cudaFallbackCpu: config.cudaFallbackCpu,
+            ...(fallback.cpuGraph ? { cpuGraph: fallback.cpuGraph } : {}),
             testFaults,
           }))
         : Array.from({ length: config.workers }, () => ({

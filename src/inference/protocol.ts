@@ -16,6 +16,12 @@ export interface LaneOptions {
   /** Fall back to the CPU provider when CUDA cannot start. */
   cudaFallbackCpu: boolean;
   /**
+   * A lane that fell back to the CPU runs, in place of a build's CUDA graph
+   * file (`from`: `model.s8s8.onnx`), its sibling whose products this CPU runs
+   * exactly (`to`; models/int8.ts, cpuInt8Products), where the build has it.
+   */
+  cpuGraph?: { from: string; to: string };
+  /**
    * CPU: the nice value of this worker's thread, taken before it creates any session, so that
    * onnxruntime's threads inherit it. A lane's main worker runs above its express worker's 0. Absent: unchanged.
    */

@@ -1,4 +1,6 @@
+import fs from "node:fs";
 import os from "node:os";
+import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
 import type { InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
@@ -30,6 +32,7 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
     // 150 ms per 740-token pass (see bench/RESULTS.md).
     extra: { session: { set_denormal_as_zero: "1", "intra_op.allow_spinning": lane.spinning ? "1" : "0" } },
   };
+  let file = model;
   if (lane.provider === "cuda") {
     try {
       const session = await ort.InferenceSession.create(model, {
@@ -43,10 +46,18 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
         throw new Error(`CUDA execution provider could not start on device ${lane.deviceId}: ${why}`);
       }
       console.error(`[assay] CUDA could not start on device ${lane.deviceId} (${why}); falling back to CPU as configured`);
+      file = cpuGraphOf(model);
     }
   }
-  const session = await ort.InferenceSession.create(model, { ...common, executionProviders: ["cpu"] });
+  const session = await ort.InferenceSession.create(file, { ...common, executionProviders: ["cpu"] });
   return { session, provider: "cpu" };
+}
+
+/** The graph a lane that fell back from CUDA runs (LaneOptions.cpuGraph). */
+function cpuGraphOf(model: string): string {
+  if (!lane.cpuGraph || path.basename(model) !== lane.cpuGraph.from) return model;
+  const sibling = path.join(path.dirname(model), lane.cpuGraph.to);
+  return fs.existsSync(sibling) ? sibling : model;
 }
 
 function session(model: string) {

@@ -1,15 +1,18 @@
 import fs from "node:fs";
 
 /**
- * Which of a W8A8 build's two graphs this machine runs (scripts/u8u8.py):
+ * Which of a W8A8 build's graphs this machine runs (scripts/int8_graphs.py):
  * `model.onnx` multiplies uint8 activations by int8 weights, exact in
  * onnxruntime's kernels only where the CPU has VNNI or AMX; elsewhere (AVX2,
  * AVX-512 without VNNI) they add pairs of products into int16 with
  * saturation and the answers drift (bench/RESULTS.md, session 26).
  * `model.u8u8.onnx` holds the same weights as uint8 (zero point 128): the
- * same integer products, exact on every CPU.
+ * same integer products, exact on every CPU. `model.s8s8.onnx` quantizes the
+ * activations to int8 and scales the sums with Cast + Mul: the CUDA provider
+ * has kernels for int8 × int8 MatMulInteger and none for u8 × s8 or for an
+ * int32 DequantizeLinear, which would run on the host CPU (session 27).
  */
-export type Int8Products = "u8s8" | "u8u8";
+export type Int8Products = "u8s8" | "u8u8" | "s8s8";
 
 /** CPU flags that make onnxruntime's u8 × s8 kernels exact (an int32 sum per product). */
 const EXACT_U8S8 = ["avx512_vnni", "avx_vnni", "amx_int8"];
@@ -25,17 +28,22 @@ function cpuFlags(): Set<string> | null {
 }
 
 /**
- * `auto`: u8 × s8 on a GPU and on a CPU known to have VNNI or AMX; u8 × u8
- * otherwise, an unknown CPU included (exact everywhere; on an AVX2 CPU it is
- * no slower, bench/RESULTS.md).
+ * `auto`: s8 × s8 on a GPU (every quantized op on the device); on a CPU, u8 ×
+ * s8 where it is known to have VNNI or AMX, u8 × u8 otherwise, an unknown CPU
+ * included (exact everywhere; on an AVX2 CPU it is no slower, bench/RESULTS.md).
  */
 export function int8Products(setting: "auto" | Int8Products, provider: "cpu" | "cuda", flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
   if (setting !== "auto") return { use: setting, why: "ASSAY_INT8_PRODUCTS" };
-  if (provider === "cuda") return { use: "u8s8", why: "the CUDA provider" };
+  if (provider === "cuda") return { use: "s8s8", why: "the CUDA provider: its MatMulInteger takes int8 x int8 only" };
+  return cpuInt8Products(flags);
+}
+
+/** The products a CPU runs exactly and fastest: u8 × s8 with VNNI or AMX, else u8 × u8 (a CUDA lane that falls back to the CPU runs these too). */
+export function cpuInt8Products(flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
   const exact = flags && EXACT_U8S8.find((f) => flags.has(f));
   if (exact) return { use: "u8s8", why: `this CPU has ${exact}` };
   return { use: "u8u8", why: flags ? `this CPU has none of ${EXACT_U8S8.join(", ")}` : "this CPU's flags are unknown" };
 }
 
 /** The graph file of the chosen products in an exported build's folder. */
-export const INT8_GRAPH: Record<Int8Products, string> = { u8s8: "model.onnx", u8u8: "model.u8u8.onnx" };
+export const INT8_GRAPH: Record<Int8Products, string> = { u8s8: "model.onnx", u8u8: "model.u8u8.onnx", s8s8: "model.s8s8.onnx" };

@@ -111,9 +111,9 @@ export interface ReadBuildOptions {
    */
   calibration?: (found: CalibrationFit | null, manifest: Manifest) => CalibrationFit | null;
   /**
-   * The int8 products to run (int8.ts): `u8u8` picks `model.u8u8.onnx` where
-   * the build has it (a W8A8 build made before it had none: `model.onnx`,
-   * told through `warn`). Default `u8s8`: `model.onnx`.
+   * The int8 products to run (int8.ts): `u8u8` / `s8s8` pick
+   * `model.u8u8.onnx` / `model.s8s8.onnx` where the build has it (where it
+   * has not: `model.onnx`, told through `warn`). Default `u8s8`: `model.onnx`.
    */
   int8?: Int8Products;
 }
@@ -150,19 +150,23 @@ function findCalibration(dir: string, manifest: Manifest, opts: ReadBuildOptions
   return fit;
 }
 
+/** Why a missing graph matters, and how to write it. */
+const MISSING_GRAPH: Record<Exclude<Int8Products, "u8s8">, string> = {
+  u8u8: "its int8 products may saturate on this CPU and move answers; run npm run prepare-models",
+  s8s8: "under CUDA its int8 products and their scaling run on the host CPU; run ASSAY_EXECUTION_PROVIDER=cuda npm run prepare-models",
+};
+
 export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild {
   const file = path.join(dir, "manifest.json");
   if (!fs.existsSync(file)) throw new Error(`no exported model in ${dir} (manifest.json missing); run npm run prepare-models`);
   const manifest = Manifest.parse(JSON.parse(fs.readFileSync(file, "utf8")));
   const found = findCalibration(dir, manifest, opts);
   manifest.calibration = opts.calibration ? opts.calibration(found, manifest) : found;
-  let graph = "model.onnx";
-  if (opts.int8 === "u8u8" && manifest.quantization["op"] === "MatMulInteger") {
-    if (fs.existsSync(path.join(dir, INT8_GRAPH.u8u8))) graph = INT8_GRAPH.u8u8;
-    else
-      (opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_INT8_GRAPH" })))(
-        `${dir} has no ${INT8_GRAPH.u8u8}: its int8 products may saturate on this CPU and move answers; run npm run prepare-models`,
-      );
+  let graph = INT8_GRAPH.u8s8;
+  const want = opts.int8 ?? "u8s8";
+  if (want !== "u8s8" && manifest.quantization["op"] === "MatMulInteger") {
+    if (fs.existsSync(path.join(dir, INT8_GRAPH[want]))) graph = INT8_GRAPH[want];
+    else (opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_INT8_GRAPH" })))(`${dir} has no ${INT8_GRAPH[want]}: ${MISSING_GRAPH[want]}`);
   }
   return {
     dir,

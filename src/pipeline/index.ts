@@ -2,7 +2,7 @@ import type { Config } from "../config/index.js";
 import { invalid } from "../errors/catalogue.js";
 import { Engine, PrefixCache, loadBuild, type LoadedBuild } from "../engine/index.js";
 import { InferencePool } from "../inference/pool.js";
-import { int8Products } from "../models/int8.js";
+import { cpuInt8Products, INT8_GRAPH, int8Products } from "../models/int8.js";
 import { ModelLifecycle } from "../models/lifecycle.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
 import type { ReadBuildOptions } from "../models/manifest.js";
@@ -65,7 +65,8 @@ export class EnginePipeline implements Pipeline {
     opts: { calibration?: { model: string; fit: NonNullable<ReadBuildOptions["calibration"]> } } = {},
   ): Promise<EnginePipeline> {
     const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
-    const pool = new InferencePool(config);
+    // A CUDA lane that falls back to the CPU swaps the CUDA graph for the one this CPU runs exactly.
+    const pool = new InferencePool(config, { cpuGraph: { from: INT8_GRAPH.s8s8, to: INT8_GRAPH[cpuInt8Products().use] } });
     const lifecycle = new ModelLifecycle(pool, {
       schedule: parseSchedule(config.modelSchedule),
       idleUnloadMs: config.modelIdleUnloadMs,

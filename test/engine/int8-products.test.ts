@@ -12,13 +12,14 @@
  * The one-node graphs are encoded here (a few protobuf fields), so the test
  * needs no Python and no exported model.
  */
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
 import { describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
-import { int8Products } from "../../src/models/int8.js";
+import { cpuInt8Products, int8Products } from "../../src/models/int8.js";
 import { readBuild } from "../../src/models/manifest.js";
 
 // --- a minimal ONNX protobuf writer: varints, length-delimited fields ---
@@ -97,7 +98,7 @@ describe("int8 products on this CPU (onnxruntime-node)", () => {
 });
 
 describe("which graph ASSAY_INT8_PRODUCTS=auto picks", () => {
-  it("u8 x s8 on a GPU and on a CPU with VNNI or AMX; u8 x u8 on any other CPU, an unknown one included; a setting wins", () => {
+  it("s8 x s8 on a GPU; u8 x s8 on a CPU with VNNI or AMX; u8 x u8 on any other CPU, an unknown one included; a setting wins", () => {
     const cpu = (...flags: string[]) => new Set(["fpu", "sse2", "avx2", ...flags]);
     expect(int8Products("auto", "cpu", cpu("avx512f", "avx512_vnni")).use).toBe("u8s8");
     expect(int8Products("auto", "cpu", cpu("avx_vnni")).use).toBe("u8s8");
@@ -105,10 +106,29 @@ describe("which graph ASSAY_INT8_PRODUCTS=auto picks", () => {
     expect(int8Products("auto", "cpu", cpu()).use).toBe("u8u8");
     expect(int8Products("auto", "cpu", cpu("avx512f", "avx512bw")).use).toBe("u8u8");
     expect(int8Products("auto", "cpu", null).use).toBe("u8u8");
-    expect(int8Products("auto", "cuda", cpu()).use).toBe("u8s8");
+    // The CUDA provider's MatMulInteger takes int8 x int8 only: the s8 x s8 graph, whatever the host CPU.
+    expect(int8Products("auto", "cuda", cpu()).use).toBe("s8s8");
+    expect(int8Products("auto", "cuda", cpu("avx512_vnni")).use).toBe("s8s8");
     expect(int8Products("u8s8", "cpu", cpu()).use).toBe("u8s8");
     expect(int8Products("u8u8", "cpu", cpu("avx512_vnni")).use).toBe("u8u8");
+    expect(int8Products("u8s8", "cuda", cpu()).use).toBe("u8s8");
+    // What a CUDA lane that falls back to the CPU runs instead: the CPU's own choice.
+    expect(cpuInt8Products(cpu()).use).toBe("u8u8");
+    expect(cpuInt8Products(cpu("amx_int8")).use).toBe("u8s8");
   });
+});
+
+describe("the graph rewrites (scripts/int8_graphs.py --selftest)", () => {
+  it("u8 x u8 and s8 x s8 compute model.onnx's products exactly, and s8 x s8 leaves no op without a CUDA kernel", () => {
+    // The venv bootstrap made to export the models (ASSAY_CACHE_DIR, default .cache).
+    const py = path.join(process.env["ASSAY_CACHE_DIR"] ?? path.join(ROOT, ".cache"), "pyenv", "bin", "python");
+    const r = spawnSync(py, [path.join(ROOT, "scripts", "int8_graphs.py"), "--selftest"], { encoding: "utf8" });
+    expect(r.error, `could not run ${py}; npm run prepare-models makes it`).toBeUndefined();
+    const said = `${r.stdout}${r.stderr}`;
+    expect(r.status, said).toBe(0);
+    // Every rewrite was measured (the u8 x u8 graph through onnxruntime here too), each to zero.
+    expect(said.match(/selftest \S+ \([^)]+\): max \|Δ\| \/ max \|y\| against model\.onnx's graph = 0\n/g)?.length).toBe(3);
+  }, 120_000);
 });
 
 describe("the build's graph file", () => {
@@ -123,6 +143,10 @@ describe("the build's graph file", () => {
       fs.writeFileSync(path.join(dir, "model.u8u8.onnx"), "");
       expect(read("u8u8")).toBe("model.u8u8.onnx");
       expect(read("u8s8")).toBe("model.onnx");
+      expect(path.basename(readBuild(dir, { int8: "s8s8", warn: (m) => warnings.push(m) }).onnxPath)).toBe("model.onnx");
+      expect(warnings.join("\n")).toMatch(/no model\.s8s8\.onnx: under CUDA its int8 products and their scaling run on the host CPU/);
+      fs.writeFileSync(path.join(dir, "model.s8s8.onnx"), "");
+      expect(path.basename(readBuild(dir, { int8: "s8s8" }).onnxPath)).toBe("model.s8s8.onnx");
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
