@@ -54,6 +54,9 @@ describe("Dockerfiles", () => {
   it("the CUDA image installs onnxruntime's CUDA binaries and selects the CUDA provider", () => {
     const text = read("Dockerfile.cuda");
     expect(text).toContain("npm_config_onnxruntime_node_install=cuda12");
+    // Set before the build stage's bootstrap, which then writes the builds' s8 x s8 (CUDA) graphs.
+    const build = text.slice(0, text.indexOf("RUN node scripts/bootstrap.mjs"));
+    expect(build).toMatch(/^ENV .*ASSAY_EXECUTION_PROVIDER=cuda/m);
     expect(dockerEnv(text)).toMatchObject({ ASSAY_EXECUTION_PROVIDER: "cuda" });
     expect(text).toMatch(/^FROM nvidia\/cuda:12\.\S+-cudnn-runtime/m);
   });
