@@ -351,6 +351,18 @@ export class InferencePool {
     return this.lanes.reduce((s, l) => s + (l.running ? 1 : 0) + (l.express?.running ? 1 : 0), 0);
   }
 
+  /**
+   * Each organization's recent share of a lane's time (0–1, its busiest lane),
+   * as admission weighs the work other organizations will keep sending
+   * (fairFinishMs): what a 529 for an idle queue was judged on.
+   */
+  recentShares(): Map<string, number> {
+    const now = performance.now();
+    const out = new Map<string, number>();
+    for (const lane of this.lanes) for (const [org, share] of this.rates(lane, now)) out.set(org, Math.max(share, out.get(org) ?? 0));
+    return out;
+  }
+
   /** Requests admitted and not yet finished, over all lanes. */
   get admitted(): number {
     return this.lanes.reduce((s, l) => s + l.works.size, 0);
