@@ -33,7 +33,10 @@ function cpuFlags(): Set<string> | null {
  * included (exact everywhere; on an AVX2 CPU it is no slower, bench/RESULTS.md).
  */
 export function int8Products(setting: "auto" | Int8Products, provider: "cpu" | "cuda", flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
-  if (setting !== "auto") return { use: setting, why: "ASSAY_INT8_PRODUCTS" };
+  if (setting !== "auto") {
+    const onHost = provider === "cuda" && setting !== "s8s8" ? "; under CUDA its products run on the host CPU" : "";
+    return { use: setting, why: `ASSAY_INT8_PRODUCTS${onHost}` };
+  }
   if (provider === "cuda") return { use: "s8s8", why: "the CUDA provider: its MatMulInteger takes int8 x int8 only" };
   return cpuInt8Products(flags);
 }

@@ -111,7 +111,7 @@ describe("which graph ASSAY_INT8_PRODUCTS=auto picks", () => {
     expect(int8Products("auto", "cuda", cpu("avx512_vnni")).use).toBe("s8s8");
     expect(int8Products("u8s8", "cpu", cpu()).use).toBe("u8s8");
     expect(int8Products("u8u8", "cpu", cpu("avx512_vnni")).use).toBe("u8u8");
-    expect(int8Products("u8s8", "cuda", cpu()).use).toBe("u8s8");
+    expect(int8Products("u8s8", "cuda", cpu())).toEqual({ use: "u8s8", why: "ASSAY_INT8_PRODUCTS; under CUDA its products run on the host CPU" });
     // What a CUDA lane that falls back to the CPU runs instead: the CPU's own choice.
     expect(cpuInt8Products(cpu()).use).toBe("u8u8");
     expect(cpuInt8Products(cpu("amx_int8")).use).toBe("u8s8");
