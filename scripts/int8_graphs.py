@@ -113,10 +113,13 @@ def rewrite_s8s8(model: onnx.ModelProto) -> int:
     axes = "int8_s8s8_axes"
     out: list[onnx.NodeProto] = []
     column: dict[str, str] = {}
+    scaled = 0
     for n in g.node:
         if n.op_type == "DequantizeLinear" and n.input[0] in products:
-            if len(n.input) != 2 or any(a.name == "axis" and a.i != 0 for a in n.attribute):
+            # DequantizeLinear's axis defaults to 1: the row scale must be on axis 0, said explicitly.
+            if len(n.input) != 2 or next((a.i for a in n.attribute if a.name == "axis"), 1) != 0:
                 raise SystemExit(f"{n.name}: expected DequantizeLinear(int32 sums, row scale) on axis 0")
+            scaled += 1
             scale = n.input[1]
             if scale not in column:
                 column[scale] = scale + "/column"
@@ -125,7 +128,7 @@ def rewrite_s8s8(model: onnx.ModelProto) -> int:
             out.append(helper.make_node("Mul", [n.output[0] + "/f32", column[scale]], [n.output[0]]))
         else:
             out.append(n)
-    if len(out) != len(g.node) + 2 * len(products) + len(column) - len(products):
+    if scaled != len(products):
         raise SystemExit(f"expected one DequantizeLinear per product ({len(products)})")
     del g.node[:]
     g.node.extend(out)

@@ -183,8 +183,8 @@ describe("fact check", () => {
       // The claim is a statement, so it is read twice (yes/no and true/false) against the neutral document too.
       const branches = encodeBranches(lb, [], [factcheckClaim(lb.style, claim), factcheckClaimTrueFalse(lb.style, claim)]).branches;
       // The family's own reading: the prior cache's entry in the partition of the organization `ask`
-      // charges. (Read apart, as here, the yes/no reading differs from the family's by up to 0.1 in
-      // log-probability: bench/RESULTS.md, session 26.)
+      // charges. (Read apart, as here, the yes/no reading differs from the family's one-block reading by
+      // up to 0.1 in log-probability: the int8 graph's rounding, not the layout; bench/RESULTS.md, session 27.)
       const neutral = await engine.engine.prior(lb, "", branches, 8192, { orgId: "test" });
       const lean = (logit(yesProbability(neutral[0]!)) + logit(yesProbability(neutral[1]!))) / 2;
       expect(Math.abs(lean)).toBeGreaterThan(0.01);
