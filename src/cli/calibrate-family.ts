@@ -222,6 +222,8 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       const groupsOf = folds.map((f) => new Set(f.map((i) => i.group)));
       const key = (i: ScoredItem) => `${i.group}/${i.id}`;
       const cal = (pl: { a: number; b: number }, raw: number) => sigmoid(pl.a * logit(raw) + pl.b);
+      // The band decides only for one-window documents: the served path sends longer ones to the large build.
+      const oneWindow = (xs: ScoredItem[]) => xs.filter((i) => (i.windows ?? 1) === 1);
       // Held-out figures with or without Platt per build; run twice: to decide, then with the decision.
       const crossValidate = (useSmall: boolean, useLarge: boolean) => {
         const pooled: Record<string, { p: number[]; y: boolean[] }> = {};
@@ -235,7 +237,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
           const tr = (xs: ScoredItem[]) => xs.filter((i) => !testGroups.has(i.group));
           const te = (xs: ScoredItem[]) => xs.filter((i) => testGroups.has(i.group));
           const sP = useSmall ? fitSmall(tr(small)) : IDENTITY;
-          const band = fitBand(tr(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
+          const band = fitBand(oneWindow(tr(small)).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction);
           const lP = large ? (useLarge ? fitLarge(tr(large)) : IDENTITY) : null;
           const lMap = new Map((large ? te(large) : []).map((i) => [key(i), i]));
           for (const it of te(small)) {
@@ -246,7 +248,8 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
             if (l && lP) {
               add("max raw", l.raw, l.label);
               add("max", cal(lP, l.raw), l.label);
-              const esc = c >= band.lo && c <= band.hi;
+              // As served (factcheck.ts): a document of several windows is read by the large build alone.
+              const esc = (it.windows ?? 1) > 1 || (c >= band.lo && c <= band.hi);
               if (esc) escalated++;
               add("base", esc ? cal(lP, l.raw) : c, it.label);
             }
@@ -317,7 +320,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
       // With the general map the family ships no map of its own (claimFit then falls back to the general one).
       const own = (pl: { a: number; b: number }) => (general ? {} : { [FACTCHECK_CALIBRATION_KEY]: pl });
       const patches: [string, Record<string, unknown>, Band | null][] = [
-        [model.build, own(sP), large ? fitBand(small.map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction) : null],
+        [model.build, own(sP), large ? fitBand(oneWindow(small).map((i) => cal(sP, i.raw)), 0.5, opts.bandFraction) : null],
       ];
       if (large) patches.push([model.escalateTo!, own(useLarge ? fitLarge(large) : IDENTITY), null]);
       report += `\nFits: ${patches.map(([b, p, band]) => `${b} ${JSON.stringify(p)}${band ? ` band ${JSON.stringify(band)}` : ""}`).join("; ")}\n`;

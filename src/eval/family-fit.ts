@@ -59,6 +59,8 @@ export interface ScoredItem {
   raw: number;
   label: boolean;
   overflow?: boolean;
+  /** Fact check: the windows the claim's document was read in, when more than one. */
+  windows?: number;
 }
 
 export interface RunRecord {
@@ -70,7 +72,7 @@ export interface RunRecord {
 }
 
 interface Details {
-  [id: string]: { raw: number; overflow?: boolean };
+  [id: string]: { raw: number; overflow?: boolean; chunks?: number };
 }
 
 /** Runs rows through the pipeline under `model`, resuming from `cacheFile`. */
@@ -107,6 +109,7 @@ export async function runScored(
           raw: details[qid]!.raw,
           label: req.labels[qid]!,
           ...(details[qid]!.overflow ? { overflow: true } : {}),
+          ...((details[qid]!.chunks ?? 1) > 1 ? { windows: details[qid]!.chunks } : {}),
         })),
       };
       fs.appendFileSync(cacheFile, JSON.stringify(rec) + "\n");

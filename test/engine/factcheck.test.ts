@@ -102,11 +102,12 @@ describe("fact check", () => {
     expect(Object.keys((res.details as Record<string, Detail>).a!.scores)).toEqual([LARGE]);
   });
 
+  const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
+  const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
+
   it("reads a long document in overlapping chunks and finds a claim supported only at its end (judge-factcheck-max)", async () => {
     // The large build (loaded by the test above): with the 0.5B the filler's own "yes" lean (raw 0.56) outbids
     // the window that holds the claim; a content-free prior for the family was measured and not shipped (bench/RESULTS.md, issue 18).
-    const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
-    const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
     const lb = engine.build("judge-factcheck-max");
     const chunks = chunkRanges(lb.tokenizer.encode(long).length, CHUNK, OVERLAP).length;
     expect(chunks).toBeGreaterThan(1);
@@ -118,6 +119,28 @@ describe("fact check", () => {
     expect(d.chunk).toBe(chunks - 1);
     // Every chunk is read: the document is billed in full, overlaps included.
     expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
+  });
+
+  it("judge-factcheck reads a document of several windows with the large build alone, as judge-factcheck-max does", async () => {
+    const qs = {
+      coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
+      tram: { type: "noul", instructions: "The committee voted to build a tram line." },
+    };
+    const max = await ask("judge-factcheck-max", long, qs);
+    const base = await ask("judge-factcheck", long, qs);
+    const md = max.details as Record<string, Detail>;
+    const bd = base.details as Record<string, Detail>;
+    for (const q of ["coin", "tram"]) {
+      expect(bd[q]!.chunks).toBeGreaterThan(1);
+      expect(bd[q]!.escalated).toBe(true);
+      // No small-build score: the 0.5B was not asked (it reads windows this long at chance).
+      expect(Object.keys(bd[q]!.scores)).toEqual([LARGE]);
+      expect((base.answers[q] as { noul: number }).noul).toBeCloseTo((max.answers[q] as { noul: number }).noul, 5);
+      expect(bd[q]!.raw).toBeCloseTo(md[q]!.raw, 5);
+      expect(bd[q]!.chunk).toBe(md[q]!.chunk);
+    }
+    // Billed for what was read: the large build's windows, once.
+    expect(base.usage.input_tokens).toBe(max.usage.input_tokens);
   });
 
   it("reads a statement twice, as the general family does: the mean log-odds of its yes/no and true/false readings", async () => {
