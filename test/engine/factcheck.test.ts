@@ -43,6 +43,13 @@ async function status(model: string, state: unknown, qs: Record<string, unknown>
 
 type Detail = { raw: number; escalated: boolean; scores: Record<string, number>; chunk: number; chunks: number };
 
+/** The same claims asked of two names, one after the other: each response and its details. */
+async function askBoth(first: string, second: string, state: string, qs: Record<string, unknown>) {
+  const a = await ask(first, state, qs);
+  const b = await ask(second, state, qs);
+  return [a, a.details as Record<string, Detail>, b, b.details as Record<string, Detail>] as const;
+}
+
 beforeAll(async () => {
   engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig(), ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
 });
@@ -126,10 +133,7 @@ describe("fact check", () => {
       coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
       tram: { type: "noul", instructions: "The committee voted to build a tram line." },
     };
-    const max = await ask("judge-factcheck-max", long, qs);
-    const base = await ask("judge-factcheck", long, qs);
-    const md = max.details as Record<string, Detail>;
-    const bd = base.details as Record<string, Detail>;
+    const [max, md, base, bd] = await askBoth("judge-factcheck-max", "judge-factcheck", long, qs);
     for (const q of ["coin", "tram"]) {
       expect(bd[q]!.chunks).toBeGreaterThan(1);
       expect(bd[q]!.escalated).toBe(true);
@@ -223,10 +227,7 @@ describe("fact check", () => {
       b: { type: "noul", instructions: "The renovation took eighteen months." },
       c: { type: "noul", instructions: "The bridge carries a tram line." },
     };
-    const lite = await ask("judge-factcheck-lite", doc, qs);
-    const base = await ask("judge-factcheck", doc, qs);
-    const ld = lite.details as Record<string, Detail>;
-    const bd = base.details as Record<string, Detail>;
+    const [lite, ld, base, bd] = await askBoth("judge-factcheck-lite", "judge-factcheck", doc, qs);
     const band = familyFit(engine.build("judge-factcheck"), "factcheck", FactCheckFit)?.band ?? DEFAULT_BAND;
     let escalated = 0;
     for (const q of ["a", "b", "c"]) {
