@@ -23,6 +23,7 @@ import {
   binaryScore,
   codeSearchRequests,
   escalatedItems,
+  factCheckReadByLarge,
   factCheckRequests,
   fitFactCheckPlatt,
   fitRecall,
@@ -248,8 +249,7 @@ export async function calibrateFamilyCommand(opts: FamilyCalibrateOptions, io: C
             if (l && lP) {
               add("max raw", l.raw, l.label);
               add("max", cal(lP, l.raw), l.label);
-              // As served (factcheck.ts): a document of several windows is read by the large build alone.
-              const esc = (it.windows ?? 1) > 1 || (c >= band.lo && c <= band.hi);
+              const esc = factCheckReadByLarge(it, c, band);
               if (esc) escalated++;
               add("base", esc ? cal(lP, l.raw) : c, it.label);
             }

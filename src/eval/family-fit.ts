@@ -226,6 +226,15 @@ export function escalatedItems(
   return { items, fromLarge };
 }
 
+/**
+ * `judge-factcheck` simulated per claim: whether the served path (families/factcheck.ts) gives the
+ * claim the large build's score: always for a document of several windows, else when the small
+ * build's calibrated score `small` lies inside the band.
+ */
+export function factCheckReadByLarge(item: ScoredItem, small: number, band: Band): boolean {
+  return (item.windows ?? 1) > 1 || (small >= band.lo && small <= band.hi);
+}
+
 // ---- fact check: Platt --------------------------------------------------------
 
 export interface BinaryScore {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { DEFAULT_BAND, escalate, fitBand, unsureIndices } from "../../src/families/escalation.js";
 import { chunkRanges } from "../../src/families/factcheck.js";
-import { crossValidateRecall, foldsByGroup, type ScoredItem } from "../../src/eval/family-fit.js";
+import { crossValidateRecall, factCheckReadByLarge, foldsByGroup, type ScoredItem } from "../../src/eval/family-fit.js";
 import { MIN_SPLIT_PAIRS, planPasses, SPLIT_WIDTH } from "../../src/engine/index.js";
 import { ModelLifecycle, type ModelLoader } from "../../src/models/lifecycle.js";
 import { inSchedule, parseSchedule } from "../../src/models/schedule.js";
@@ -122,6 +122,16 @@ describe("escalation", () => {
     }, async () => []);
     expect(acquired).toBe(false);
   });
+  it("simulates judge-factcheck as served: a document of several windows always reads with the large build", () => {
+    const band = { lo: 0.4, hi: 0.6 };
+    const claim = (windows?: number): ScoredItem => ({ group: "d", id: "wice-1", raw: 0.9, label: true, ...(windows ? { windows } : {}) });
+    expect(factCheckReadByLarge(claim(), 0.5, band)).toBe(true);
+    expect(factCheckReadByLarge(claim(), 0.9, band)).toBe(false);
+    expect(factCheckReadByLarge(claim(1), 0.1, band)).toBe(false);
+    expect(factCheckReadByLarge(claim(3), 0.9, band)).toBe(true);
+    expect(factCheckReadByLarge(claim(2), 0.1, band)).toBe(true);
+  });
+
   it("fits a band holding the given share of scores around the center", () => {
     const scores = Array.from({ length: 100 }, (_, i) => i / 100);
     const b = fitBand(scores, 0.3, 0.2);
