@@ -280,11 +280,12 @@ export async function runFactCheck(
         );
       }
     });
+    // Several windows: the large build alone (the small one would read them at chance).
+    if (big && small.prefixes.length > 1) return await readWithLarge(fam, model, env, ctx, big, ids);
     // Admission by estimated work before the hold (529 / 422 hold nothing): every
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => plannedReads(fam, d, which, ctx);
-    if (big && small.prefixes.length > 1) return readWithLarge(fam, model, env, ctx, big, ids);
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
     const work = fam.engine.admit([...plan(small, all), ...escalating], ctx);
     try {
