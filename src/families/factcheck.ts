@@ -180,73 +180,9 @@ function priorPasses(fam: FamilyEnv, d: EncodedDocument, which: readonly number[
   return fam.engine.planPrior(d.lb, prior.state, readingsOf(d, which).map((b) => d.claims.branches[b]!), d.limit, orgId);
 }
 
-/** The passes that reading `which` claims with `d` will run (every window, then the prior), for admission. */
-function plannedReads(fam: FamilyEnv, d: EncodedDocument, which: readonly number[], ctx: PipelineContext) {
-  return [
-    ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx.orgId, readingsOf(d, which))),
-    ...priorPasses(fam, d, which, ctx.orgId),
-  ];
-}
-
-/** One request's answers and details as the response carries them. */
-function factCheckResponse(
-  env: RequestEnvelope,
-  ctx: PipelineContext,
-  ids: readonly string[],
-  tokens: number,
-  claim: (i: number) => { answer: number; detail: FactCheckDetail },
-): SystemOneResponse {
-  const answers: Record<string, NoulAnswer> = {};
-  const details: Record<string, FactCheckDetail> = {};
-  ids.forEach((id, i) => {
-    const c = claim(i);
-    answers[id] = { type: "noul", noul: c.answer };
-    details[id] = c.detail;
-  });
-  return { model: env.model, answers, usage: { input_tokens: tokens, output_tokens: 0 }, request_id: ctx.requestId, details };
-}
-
-/**
- * An escalating name (`judge-factcheck`) given a document of several windows
- * reads every claim with the large build alone: the small build reads a
- * window of that length at chance (WiCE's long test documents: AUROC 0.50 on
- * 108 claims), so its band would escalate on noise and keep confident wrong
- * answers; reading it first would only be billed. Measured in bench/RESULTS.md
- * (sessions 28 and 29).
- */
-async function readWithLarge(
-  fam: FamilyEnv,
-  model: ResolvedModel,
-  env: RequestEnvelope,
-  ctx: PipelineContext,
-  big: EncodedDocument,
-  ids: readonly string[],
-): Promise<SystemOneResponse> {
-  const all = ids.map((_, i) => i);
-  const release = fam.acquire(model.escalateTo!, env.model);
-  try {
-    const work = fam.engine.admit(plannedReads(fam, big, all, ctx), ctx);
-    try {
-      await ctx.admit?.(readTokens(big, all));
-      const r = await scoreClaims(fam, big, all, ctx);
-      const cal = big.lb.build.manifest.calibration;
-      const key = claimFit(big.lb).key;
-      const chunks = big.prefixes.length;
-      return factCheckResponse(env, ctx, ids, r.tokens, (i) => {
-        const answer = calibrateNoul(logit(r.p[i]!), cal, key);
-        return { answer, detail: { raw: r.p[i]!, escalated: true, scores: { [model.escalateTo!]: answer }, chunk: r.bestChunk[i]!, chunks } };
-      });
-    } finally {
-      work.release();
-    }
-  } finally {
-    release();
-  }
-}
-
 export async function runFactCheck(
   fam: FamilyEnv,
-  model: ResolvedModel,
+  asked: ResolvedModel,
   env: RequestEnvelope,
   ctx: PipelineContext,
 ): Promise<SystemOneResponse> {
@@ -260,15 +196,22 @@ export async function runFactCheck(
   const document = env.state;
   const ids = Object.keys(qs.data);
   const claims = ids.map((id) => qs.data[id]!.instructions);
-  const first = fam.build(model.build);
-  const large = model.escalateTo ? fam.build(model.escalateTo) : null;
   const all = claims.map((_, i) => i);
+  const t0 = performance.now();
+  const encode = (lb: LoadedBuild) => encodeDocument(lb, document, claims, chunkTokens, overlap, fam.maxPackedTokens);
+  const wide = asked.escalateTo ? encode(fam.build(asked.escalateTo)) : null;
+  // A document of several windows is read as the large build's own name reads it: the small build
+  // reads windows that long at chance (WiCE's long test documents: AUROC 0.47–0.50), so its band
+  // would escalate on noise and keep confident wrong answers (bench/RESULTS.md, sessions 28–29).
+  const direct = wide !== null && wide.prefixes.length > 1;
+  const model = direct ? { ...asked, build: asked.escalateTo!, escalateTo: null } : asked;
+  const small = direct ? wide : encode(fam.build(model.build));
+  const big = direct ? null : wide;
+  const first = small.lb;
+  const large = big?.lb ?? null;
+  ctx.timings.add("tokenize", performance.now() - t0);
   const release = fam.acquire(model.build, env.model);
   try {
-    const t0 = performance.now();
-    const small = encodeDocument(first, document, claims, chunkTokens, overlap, fam.maxPackedTokens);
-    const big = large ? encodeDocument(large, document, claims, chunkTokens, overlap, fam.maxPackedTokens) : null;
-    ctx.timings.add("tokenize", performance.now() - t0);
     const longest = Math.max(...small.prefixes.map((x) => x.length));
     all.forEach((i) => {
       const b = small.claims.branches[i]!;
@@ -280,12 +223,13 @@ export async function runFactCheck(
         );
       }
     });
-    // Several windows: the large build alone (the small one would read them at chance).
-    if (big && small.prefixes.length > 1) return await readWithLarge(fam, model, env, ctx, big, ids);
     // Admission by estimated work before the hold (529 / 422 hold nothing): every
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
-    const plan = (d: EncodedDocument, which: readonly number[]) => plannedReads(fam, d, which, ctx);
+    const plan = (d: EncodedDocument, which: readonly number[]) => [
+      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx.orgId, readingsOf(d, which))),
+      ...priorPasses(fam, d, which, ctx.orgId),
+    ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
     const work = fam.engine.admit([...plan(small, all), ...escalating], ctx);
     try {
@@ -326,11 +270,21 @@ export async function runFactCheck(
         escalated = out.escalated;
         raw = raw.map((p, i) => (escalated[i] ? largeRaw[i]! : p));
       }
-      return factCheckResponse(env, ctx, ids, tokens, (i) => {
+      const answers: Record<string, NoulAnswer> = {};
+      const details: Record<string, FactCheckDetail> = {};
+      ids.forEach((id, i) => {
+        answers[id] = { type: "noul", noul: final[i]! };
         const scores: Record<string, number> = { [model.build]: smallCal[i]! };
         if (escalated[i]) scores[model.escalateTo!] = final[i]!;
-        return { answer: final[i]!, detail: { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks } };
+        details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks };
       });
+      return {
+        model: env.model,
+        answers,
+        usage: { input_tokens: tokens, output_tokens: 0 },
+        request_id: ctx.requestId,
+        details,
+      };
     } finally {
       work.release();
     }

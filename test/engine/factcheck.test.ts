@@ -136,8 +136,8 @@ describe("fact check", () => {
     const [max, md, base, bd] = await askBoth("judge-factcheck-max", "judge-factcheck", long, qs);
     for (const q of ["coin", "tram"]) {
       expect(bd[q]!.chunks).toBeGreaterThan(1);
-      expect(bd[q]!.escalated).toBe(true);
-      // No small-build score: the 0.5B was not asked (it reads windows this long at chance).
+      // Read as -max reads it: not escalated (no smaller build scored it first) and no small-build score.
+      expect(bd[q]!.escalated).toBe(md[q]!.escalated);
       expect(Object.keys(bd[q]!.scores)).toEqual([LARGE]);
       expect((base.answers[q] as { noul: number }).noul).toBeCloseTo((max.answers[q] as { noul: number }).noul, 5);
       expect(bd[q]!.raw).toBeCloseTo(md[q]!.raw, 5);
