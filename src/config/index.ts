@@ -90,6 +90,8 @@ const Env = z.object({
   ASSAY_FACTCHECK_CHUNK_TOKENS: z.coerce.number().int().min(256).default(2048).meta({ doc: "fact check window size (documents longer than this are read in windows)" }),
   /** Tokens each fact check chunk shares with the one before it. */
   ASSAY_FACTCHECK_CHUNK_OVERLAP: z.coerce.number().int().min(0).default(256).meta({ doc: "tokens each window shares with the one before" }),
+  /** Fact check: a document longer than one window is read, per claim, from its lines most like the claim, up to this many tokens. */
+  ASSAY_FACTCHECK_EVIDENCE_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "a document longer than one window is read, for each claim, from the document's lines most like the claim (BM25), up to this many tokens (at most one window); `0` reads every window for every claim instead" }),
 
   // Accounts, credit and concurrency (README, "Credit, limits and replicas").
   /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
@@ -200,6 +202,7 @@ export type Config = Readonly<{
   modelIdleUnloadMs: number;
   factcheckChunkTokens: number;
   factcheckChunkOverlap: number;
+  factcheckEvidenceTokens: number;
   databaseUrl: string | null;
   databaseSchema: string | null;
   redisUrl: string | null;
@@ -262,6 +265,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     modelIdleUnloadMs: Math.round(e.ASSAY_MODEL_IDLE_UNLOAD_SECONDS * 1000),
     factcheckChunkTokens: e.ASSAY_FACTCHECK_CHUNK_TOKENS,
     factcheckChunkOverlap: Math.min(e.ASSAY_FACTCHECK_CHUNK_OVERLAP, Math.floor(e.ASSAY_FACTCHECK_CHUNK_TOKENS / 2)),
+    factcheckEvidenceTokens: Math.min(e.ASSAY_FACTCHECK_EVIDENCE_TOKENS, e.ASSAY_FACTCHECK_CHUNK_TOKENS),
     databaseUrl: e.ASSAY_DATABASE_URL ?? null,
     databaseSchema: e.ASSAY_DATABASE_SCHEMA ?? null,
     redisUrl: e.ASSAY_REDIS_URL ?? null,

@@ -5,17 +5,20 @@ import { NOUL_KEY, calibrateNoul, logit, sigmoid } from "../probability/calibrat
 import { claimQuestion, factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
 import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
-import { FactCheckFit, familyFit, type FamilyEnv, type FamilyPrior } from "./types.js";
+import { FactCheckFit, familyFit, type DocumentReading, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
 import { isStatement } from "../prompt/index.js";
+import { EvidenceIndex, evidenceText } from "../prompt/evidence.js";
 import { branchCost, likelyEscalated, NEUTRAL_STATE, passLimit, type LoadedBuild } from "../engine/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
  * the probability that the document supports the claim. A document longer
- * than one chunk is read in overlapping token windows and each claim takes
- * its best-supported window (the MiniCheck approach): nothing is cut, and a
- * claim supported anywhere in the document is found.
+ * than one chunk is read, for each claim, from the claim's evidence cut: the
+ * document's lines most like the claim, up to a token budget
+ * (`prompt/evidence.ts`). With the cut off, it is read in overlapping token
+ * windows and each claim takes its best-supported window (the MiniCheck
+ * approach): nothing is cut, and every claim pays for every window.
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";
@@ -36,9 +39,12 @@ export interface FactCheckDetail {
   raw: number;
   escalated: boolean;
   scores: Record<string, number>;
-  /** Index of the best-supported chunk (0 when the document is one chunk). */
+  /** Index of the best-supported window (0 when the document is one window or read from its evidence cut). */
   chunk: number;
+  /** Windows the document spans (`ASSAY_FACTCHECK_CHUNK_TOKENS`), however it was read. */
   chunks: number;
+  /** Read from the evidence cut: the document's character ranges the claim was read against, in order. */
+  evidence?: [number, number][];
 }
 
 interface Scored {
@@ -48,11 +54,19 @@ interface Scored {
   tokens: number;
 }
 
-/** One build's encoding of a request, made once: every chunk's prefix and every claim. */
+/** One build's encoding of a request, made once: every prefix the claims are read under, and every claim. */
 interface EncodedDocument {
   lb: LoadedBuild;
-  /** Per chunk: the prefix token ids (system text + that window of the document). */
+  /** The prefix token ids (system text + the document, a window of it, or a claim's evidence cut). */
   prefixes: number[][];
+  /** Per prefix, the claims read under it: every claim for a window, its claims for an evidence cut. */
+  reads: number[][];
+  /** Per prefix, the window of the document it holds (0 for the whole document or an evidence cut). */
+  window: number[];
+  /** Windows the document spans. */
+  windows: number;
+  /** Per claim, the character ranges of its evidence cut (null when read from the document or its windows). */
+  evidence: ([number, number][] | null)[];
   /**
    * Claim i's yes/no reading is branch i (the billed one); a claim written as
    * a statement also has a true/false reading, branch `second[i]` (unbilled).
@@ -74,18 +88,48 @@ function claimProbability(d: EncodedDocument, p: readonly number[], i: number): 
   return j === null || j === undefined ? p[i]! : sigmoid((logit(p[i]!) + logit(p[j]!)) / 2);
 }
 
-function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], chunkTokens: number, overlap: number, maxPackedTokens: number): EncodedDocument {
+function encodeDocument(lb: LoadedBuild, document: string, claims: readonly string[], reading: DocumentReading, maxPackedTokens: number): EncodedDocument {
   const { head, tail } = factcheckPrefixParts(lb.style);
   const docIds = lb.tokenizer.encode(document);
-  // A document of one window is encoded with the text around it, as the general family encodes its
-  // prefix (token merges at the seams match); longer ones are cut by tokens.
-  const ranges = chunkRanges(docIds.length, chunkTokens, overlap);
+  // A document of one window, and an evidence cut, are encoded with the text around them, as the
+  // general family encodes its prefix (token merges at the seams match); windows are cut by tokens.
+  const ranges = chunkRanges(docIds.length, reading.chunkTokens, reading.overlap);
+  const all = claims.map((_, i) => i);
   let prefixes: number[][];
-  if (ranges.length === 1) prefixes = [lb.tokenizer.encode(`${head}${document}${tail}`)];
-  else {
-    const headIds = lb.tokenizer.encode(head);
-    const tailIds = lb.tokenizer.encode(tail);
-    prefixes = ranges.map(([a, b]) => [...headIds, ...docIds.slice(a, b), ...tailIds]);
+  let reads: number[][];
+  let window: number[];
+  const evidence: ([number, number][] | null)[] = claims.map(() => null);
+  const windowIds = ([a, b]: [number, number]) => [...lb.tokenizer.encode(head), ...docIds.slice(a, b), ...lb.tokenizer.encode(tail)];
+  if (ranges.length === 1) {
+    prefixes = [lb.tokenizer.encode(`${head}${document}${tail}`)];
+    reads = [all];
+    window = [0];
+  } else if (reading.evidenceTokens > 0) {
+    // Claims whose cuts are the same text share one prefix (and its pass).
+    const index = new EvidenceIndex(document);
+    const byText = new Map<string, number>();
+    prefixes = [];
+    reads = [];
+    const measure = (text: string) => lb.tokenizer.encode(text).length + 1;
+    claims.forEach((claim, i) => {
+      const segments = index.select(claim, reading.evidenceTokens, measure);
+      const text = evidenceText(segments);
+      let at = byText.get(text);
+      if (at === undefined) {
+        at = prefixes.length;
+        byText.set(text, at);
+        // A cut with nothing in it (every segment alone over the budget) is read from the first window instead.
+        prefixes.push(text.length > 0 ? lb.tokenizer.encode(`${head}${text}${tail}`) : windowIds(ranges[0]!));
+        reads.push([]);
+      }
+      reads[at]!.push(i);
+      if (text.length > 0) evidence[i] = segments.map((s) => [s.start, s.end]);
+    });
+    window = prefixes.map(() => 0);
+  } else {
+    prefixes = ranges.map(windowIds);
+    reads = prefixes.map(() => all);
+    window = prefixes.map((_, ci) => ci);
   }
   // The claims are encoded once; each chunk's pass reuses them under its own prefix. A claim is
   // read twice when it is a statement: "does the document support …" (yes/no) and "is the statement
@@ -107,13 +151,18 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
     encoded.branches[i]!.group = i;
     encoded.branches[j]!.group = i;
   });
-  return { lb, prefixes, claims: encoded, second, limit: passLimit(lb, maxPackedTokens) };
+  return { lb, prefixes, reads, window, windows: ranges.length, evidence, claims: encoded, second, limit: passLimit(lb, maxPackedTokens) };
 }
 
-/** Tokens billed for `which` claims: each chunk's prefix plus those claims as written (yes/no reading), per chunk. */
+/** Per prefix, which of `which` it reads (empty: the prefix is not read for them). */
+function readsOf(d: EncodedDocument, which: readonly number[]): number[][] {
+  const asked = new Set(which);
+  return d.reads.map((r) => r.filter((i) => asked.has(i)));
+}
+
+/** Tokens billed for `which` claims: each prefix they are read under, plus those claims as written (yes/no reading) under it. */
 function readTokens(d: EncodedDocument, which: readonly number[]): number {
-  const claimTokens = which.reduce((s, i) => s + d.claims.suffixTokens[i]!, 0);
-  return d.prefixes.reduce((s, prefix) => s + prefix.length + claimTokens, 0);
+  return readsOf(d, which).reduce((s, r, ci) => (r.length === 0 ? s : s + d.prefixes[ci]!.length + r.reduce((t, i) => t + d.claims.suffixTokens[i]!, 0)), 0);
 }
 
 /**
@@ -142,9 +191,10 @@ function priorOf(lb: LoadedBuild): FamilyPrior | null {
 }
 
 /**
- * Scores `which` claims over every chunk with one build. A claim's score is
- * its best window's; with a prior, `weight` × the claim's log-odds against the
- * neutral document is then taken off (a constant per claim, so the best
+ * Scores `which` claims with one build, each under every prefix that reads
+ * it. A claim's score is its best window's (its one prefix's, for the whole
+ * document or its evidence cut); with a prior, `weight` × the claim's
+ * log-odds against the neutral document is then taken off (a constant per claim, so the best
  * window is the same either way). The model leans to "yes" for a claim that
  * sounds plausible on its own; what is left is what the document moved.
  */
@@ -153,13 +203,14 @@ async function scoreClaims(fam: FamilyEnv, d: EncodedDocument, which: readonly n
   const p = new Array<number>(n).fill(Number.NaN);
   const bestChunk = new Array<number>(n).fill(0);
   const branches = readingsOf(d, which);
-  for (const [ci, prefix] of d.prefixes.entries()) {
-    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx, branches);
-    for (const i of which) {
+  for (const [ci, claims] of readsOf(d, which).entries()) {
+    if (claims.length === 0) continue;
+    const r = await scoreYesNo(fam.engine, d.lb, { ...d.claims, prefix: d.prefixes[ci]! }, d.limit, ctx, readingsOf(d, claims));
+    for (const i of claims) {
       const q = claimProbability(d, r.p, i);
       if (!(p[i]! >= q)) {
         p[i] = q;
-        bestChunk[i] = ci;
+        bestChunk[i] = d.window[ci]!;
       }
     }
   }
@@ -186,7 +237,6 @@ export async function runFactCheck(
   env: RequestEnvelope,
   ctx: PipelineContext,
 ): Promise<SystemOneResponse> {
-  const { tokens: chunkTokens, overlap } = fam.factcheckChunk;
   const qs = factCheckQuestions().safeParse(env.questions);
   if (!qs.success) throw invalid(describeZodError(qs.error).replace(/^body/, "questions"));
   if (typeof env.state !== "string") {
@@ -198,12 +248,12 @@ export async function runFactCheck(
   const claims = ids.map((id) => qs.data[id]!.instructions);
   const all = claims.map((_, i) => i);
   const t0 = performance.now();
-  const encode = (lb: LoadedBuild) => encodeDocument(lb, document, claims, chunkTokens, overlap, fam.maxPackedTokens);
+  const encode = (lb: LoadedBuild) => encodeDocument(lb, document, claims, fam.factcheckReading, fam.maxPackedTokens);
   const wide = asked.escalateTo ? encode(fam.build(asked.escalateTo)) : null;
   // A document of several windows is read as the large build's own name reads it: the small build
   // reads windows that long at chance (WiCE's long test documents: AUROC 0.47–0.50), so its band
   // would escalate on noise and keep confident wrong answers (bench/RESULTS.md, sessions 28–29).
-  const direct = wide !== null && wide.prefixes.length > 1;
+  const direct = wide !== null && wide.windows > 1;
   const model = direct ? { ...asked, build: asked.escalateTo!, escalateTo: null } : asked;
   const small = direct ? wide : encode(fam.build(model.build));
   const big = direct ? null : wide;
@@ -212,13 +262,14 @@ export async function runFactCheck(
   ctx.timings.add("tokenize", performance.now() - t0);
   const release = fam.acquire(model.build, env.model);
   try {
-    const longest = Math.max(...small.prefixes.map((x) => x.length));
+    const reads = readsOf(small, all);
     all.forEach((i) => {
       const b = small.claims.branches[i]!;
+      const longest = Math.max(...small.prefixes.filter((_, ci) => reads[ci]!.includes(i)).map((x) => x.length));
       const widest = Math.max(...readingsOf(small, [i]).map((j) => branchCost(small.claims.branches[j]!)));
       if (longest + widest > small.limit) {
         throw invalid(
-          `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document window of ${longest} tokens ` +
+          `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document ${small.evidence[i] ? "cut" : "window"} of ${longest} tokens ` +
             `it exceeds the ${small.limit}-token limit of one pass; send a shorter claim`,
         );
       }
@@ -227,7 +278,9 @@ export async function runFactCheck(
     // claim over every window, and with the large build the share of claims that
     // may escalate (replanned with the actual ones once they are known).
     const plan = (d: EncodedDocument, which: readonly number[]) => [
-      ...d.prefixes.flatMap((prefix) => plannedPasses(fam.engine, d.lb, { ...d.claims, prefix }, d.limit, ctx.orgId, readingsOf(d, which))),
+      ...readsOf(d, which).flatMap((r, ci) =>
+        r.length === 0 ? [] : plannedPasses(fam.engine, d.lb, { ...d.claims, prefix: d.prefixes[ci]! }, d.limit, ctx.orgId, readingsOf(d, r)),
+      ),
       ...priorPasses(fam, d, which, ctx.orgId),
     ];
     const escalating = big ? plan(big, likelyEscalated(all, (i) => big.claims.suffixTokens[i]!)) : [];
@@ -237,7 +290,7 @@ export async function runFactCheck(
       await ctx.admit?.(readTokens(small, all) + (big ? readTokens(big, all) : 0));
 
       const smallScores = await scoreClaims(fam, small, all, ctx);
-      const chunks = small.prefixes.length;
+      const chunks = small.windows;
       const firstCal = first.build.manifest.calibration;
       const firstKey = claimFit(first).key;
       const smallCal = smallScores.p.map((p) => calibrateNoul(logit(p), firstCal, firstKey));
@@ -276,7 +329,8 @@ export async function runFactCheck(
         answers[id] = { type: "noul", noul: final[i]! };
         const scores: Record<string, number> = { [model.build]: smallCal[i]! };
         if (escalated[i]) scores[model.escalateTo!] = final[i]!;
-        details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks };
+        const evidence = (escalated[i] ? big! : small).evidence[i];
+        details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks, ...(evidence ? { evidence } : {}) };
       });
       return {
         model: env.model,

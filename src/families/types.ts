@@ -2,6 +2,13 @@ import { z } from "zod";
 import type { Engine, LoadedBuild } from "../engine/index.js";
 import type { Debias } from "../prompt/index.js";
 
+/** How a fact check document is read: windows of `chunkTokens`, and a longer one from each claim's evidence cut of `evidenceTokens` tokens (0: every window). */
+export interface DocumentReading {
+  chunkTokens: number;
+  overlap: number;
+  evidenceTokens: number;
+}
+
 /** What a family needs: the engine, builds, the model lifecycle and its settings. */
 export interface FamilyEnv {
   engine: Engine;
@@ -13,8 +20,8 @@ export interface FamilyEnv {
   /** The general family's option-order debiasing (ASSAY_DEBIAS) and shortlist size (ASSAY_SHORTLIST). */
   debias: Debias;
   shortlist: number;
-  /** Fact check document windows (ASSAY_FACTCHECK_CHUNK_TOKENS / _OVERLAP). */
-  factcheckChunk: { tokens: number; overlap: number };
+  /** How a fact check document is read (ASSAY_FACTCHECK_CHUNK_TOKENS / _OVERLAP / _EVIDENCE_TOKENS). */
+  factcheckReading: DocumentReading;
 }
 
 const BandFit = z.object({ lo: z.number().min(0).max(1), hi: z.number().min(0).max(1) });

@@ -49,7 +49,7 @@ export class EnginePipeline implements Pipeline {
       maxPackedTokens: config.maxPackedTokens,
       debias: debiasOf(config),
       shortlist: config.shortlist,
-      factcheckChunk: { tokens: config.factcheckChunkTokens, overlap: config.factcheckChunkOverlap },
+      factcheckReading: { chunkTokens: config.factcheckChunkTokens, overlap: config.factcheckChunkOverlap, evidenceTokens: config.factcheckEvidenceTokens },
     };
   }
 

@@ -41,7 +41,7 @@ async function status(model: string, state: unknown, qs: Record<string, unknown>
   throw new Error("expected an error");
 }
 
-type Detail = { raw: number; escalated: boolean; scores: Record<string, number>; chunk: number; chunks: number };
+type Detail = { raw: number; escalated: boolean; scores: Record<string, number>; chunk: number; chunks: number; evidence?: [number, number][] };
 
 /** The same claims asked of two names, one after the other: each response and its details. */
 async function askBoth(first: string, second: string, state: string, qs: Record<string, unknown>) {
@@ -112,20 +112,56 @@ describe("fact check", () => {
   const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
   const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
 
-  it("reads a long document in overlapping chunks and finds a claim supported only at its end (judge-factcheck-max)", async () => {
-    // The large build (loaded by the test above): with the 0.5B the filler's own "yes" lean (raw 0.56) outbids
-    // the window that holds the claim; a content-free prior for the family was measured and not shipped (bench/RESULTS.md, issue 18).
+  it("reads a document of several windows from each claim's evidence cut, exactly as that cut asked as the document (judge-factcheck-max)", async () => {
+    // The large build (loaded by the test above): the claim is supported only by the document's last line.
     const lb = engine.build("judge-factcheck-max");
     const chunks = chunkRanges(lb.tokenizer.encode(long).length, CHUNK, OVERLAP).length;
     expect(chunks).toBeGreaterThan(1);
-    const res = await ask("judge-factcheck-max", long, {
+    const qs = {
       coin: { type: "noul", instructions: "The museum will open a new wing for Roman coins." },
-    });
-    const d = (res.details as Record<string, Detail>).coin!;
-    expect(d.chunks).toBe(chunks);
-    expect(d.chunk).toBe(chunks - 1);
-    // Every chunk is read: the document is billed in full, overlaps included.
-    expect(res.usage.input_tokens).toBeGreaterThan(lb.tokenizer.encode(long).length);
+      tram: { type: "noul", instructions: "The committee voted to build a tram line." },
+    };
+    const res = await ask("judge-factcheck-max", long, qs);
+    const d = res.details as Record<string, Detail>;
+    for (const q of ["coin", "tram"]) {
+      expect(d[q]!.chunks).toBe(chunks);
+      expect(d[q]!.chunk).toBe(0);
+      expect(d[q]!.evidence!.length).toBeGreaterThan(0);
+    }
+    // The coin claim's cut holds the one line that supports it.
+    const cut = (q: string) => d[q]!.evidence!.map(([a, b]) => long.slice(a, b)).join("\n");
+    expect(cut("coin")).toContain("Roman coins in 2027");
+    expect(cut("coin").length).toBeLessThan(long.length / 2);
+    // Each claim is read against its cut as if the cut were the whole (one-window) document: same prefix, same answer.
+    let billed = 0;
+    for (const q of ["coin", "tram"] as const) {
+      const alone = await ask("judge-factcheck-max", cut(q), { [q]: qs[q] });
+      const a = (alone.details as Record<string, Detail>)[q]!;
+      expect(a.chunks).toBe(1);
+      expect(a.evidence).toBeUndefined();
+      expect(d[q]!.raw).toBeCloseTo(a.raw, 5);
+      expect((res.answers[q] as { noul: number }).noul).toBeCloseTo((alone.answers[q] as { noul: number }).noul, 5);
+      billed += alone.usage.input_tokens;
+    }
+    // Billed for what was read: each claim's cut and the claim, not the document.
+    expect(res.usage.input_tokens).toBe(billed);
+    expect(res.usage.input_tokens).toBeLessThan(lb.tokenizer.encode(long).length);
+    expect((res.answers.coin as { noul: number }).noul).toBeGreaterThan((res.answers.tram as { noul: number }).noul);
+  });
+
+  it("claims whose cuts are the same text share one read of it", async () => {
+    // Both claims match only the last line, so both cuts are that line: one prefix, billed once.
+    const qs = {
+      a: { type: "noul", instructions: "Roman coins will be shown in the new museum wing." },
+      b: { type: "noul", instructions: "The museum wing for Roman coins opens in 2027." },
+    };
+    const res = await ask("judge-factcheck-max", long, qs);
+    const d = res.details as Record<string, Detail>;
+    expect(d.a!.evidence).toEqual(d.b!.evidence);
+    const cut = d.a!.evidence!.map(([x, y]) => long.slice(x, y)).join("\n");
+    const alone = await ask("judge-factcheck-max", cut, qs);
+    expect(res.usage.input_tokens).toBe(alone.usage.input_tokens);
+    for (const q of ["a", "b"]) expect((alone.details as Record<string, Detail>)[q]!.raw).toBeCloseTo(d[q]!.raw, 5);
   });
 
   it("judge-factcheck reads a document of several windows with the large build alone, as judge-factcheck-max does", async () => {
@@ -142,8 +178,9 @@ describe("fact check", () => {
       expect((base.answers[q] as { noul: number }).noul).toBeCloseTo((max.answers[q] as { noul: number }).noul, 5);
       expect(bd[q]!.raw).toBeCloseTo(md[q]!.raw, 5);
       expect(bd[q]!.chunk).toBe(md[q]!.chunk);
+      expect(bd[q]!.evidence).toEqual(md[q]!.evidence);
     }
-    // Billed for what was read: the large build's windows, once.
+    // Billed for what was read: the large build's reading, once.
     expect(base.usage.input_tokens).toBe(max.usage.input_tokens);
   });
 
