@@ -106,13 +106,12 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
     window = [0];
   } else if (reading.evidenceTokens > 0) {
     // Claims whose cuts are the same text share one prefix (and its pass).
-    const index = new EvidenceIndex(document);
+    const index = new EvidenceIndex(document, (text) => lb.tokenizer.encode(text).length + 1);
     const byText = new Map<string, number>();
     prefixes = [];
     reads = [];
-    const measure = (text: string) => lb.tokenizer.encode(text).length + 1;
     claims.forEach((claim, i) => {
-      const segments = index.select(claim, reading.evidenceTokens, measure);
+      const segments = index.select(claim, reading.evidenceTokens);
       const text = evidenceText(segments);
       let at = byText.get(text);
       if (at === undefined) {

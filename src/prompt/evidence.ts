@@ -70,9 +70,16 @@ export function segmentDocument(document: string, max = MAX_SEGMENT_CHARS): Segm
 export class EvidenceIndex {
   readonly segments: Segment[];
   private readonly search: MiniSearch<{ id: number; text: string }>;
+  /** Each segment's size in tokens, measured once, when a claim first ranks it. */
+  private readonly sizes: (number | undefined)[];
 
-  constructor(document: string) {
+  /** `tokens` measures a segment in the reading build's tokens, its line break included. */
+  constructor(
+    document: string,
+    private readonly tokens: (text: string) => number,
+  ) {
     this.segments = segmentDocument(document);
+    this.sizes = this.segments.map(() => undefined);
     this.search = new MiniSearch({
       fields: ["text"],
       // Stop words dropped: "the" and "was" would otherwise pull in every line of a web page.
@@ -86,18 +93,18 @@ export class EvidenceIndex {
 
   /**
    * The segments for `claim`, in document order: the best-scoring ones that
-   * fit in `budget` tokens (`tokens` measures a segment, its line break
-   * included). A claim that shares no word with the document gets the
-   * document's first segments, as a reader would start at the top.
+   * fit in `budget` tokens. A claim that shares no word with the document
+   * gets the document's first segments, as a reader would start at the top.
    */
-  select(claim: string, budget: number, tokens: (text: string) => number): Segment[] {
+  select(claim: string, budget: number): Segment[] {
     const hits = this.search.search(claim, { combineWith: "OR" });
     // Ties are broken by position so the cut is the same on every run.
     const ranked = hits.length > 0 ? hits.sort((x, y) => y.score - x.score || x.id - y.id).map((h) => h.id as number) : this.segments.map((_, i) => i);
     const kept: number[] = [];
     let used = 0;
     for (const i of ranked) {
-      const n = tokens(this.segments[i]!.text);
+      if (used >= budget) break;
+      const n = (this.sizes[i] ??= this.tokens(this.segments[i]!.text));
       // A segment that does not fit is passed over; a shorter one further down may still fit.
       if (used + n > budget) continue;
       kept.push(i);

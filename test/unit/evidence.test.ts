@@ -44,10 +44,10 @@ describe("segmentDocument", () => {
 });
 
 describe("EvidenceIndex.select", () => {
-  const index = new EvidenceIndex(doc);
+  const index = new EvidenceIndex(doc, quarter);
 
   it("keeps the line most like the claim, within the budget, in document order", () => {
-    const segs = index.select("The museum opens a wing for Roman coins.", 60, quarter);
+    const segs = index.select("The museum opens a wing for Roman coins.", 60);
     expect(segs[0]!.text).toContain("Roman coins");
     expect(segs.reduce((n, s) => n + quarter(s.text), 0)).toBeLessThanOrEqual(60);
     const starts = segs.map((s) => s.start);
@@ -56,8 +56,8 @@ describe("EvidenceIndex.select", () => {
 
   it("fills the budget with the next-best lines, and a larger budget keeps what a smaller one kept", () => {
     const claim = "The committee said the museum opens a wing for Roman coins.";
-    const small = index.select(claim, 60, quarter);
-    const large = index.select(claim, 400, quarter);
+    const small = index.select(claim, 60);
+    const large = index.select(claim, 400);
     expect(small.some((s) => s.text.includes("Roman coins"))).toBe(true);
     expect(large.filter((s) => s.text.includes("committee")).length).toBeGreaterThan(small.filter((s) => s.text.includes("committee")).length);
     expect(large.reduce((n, s) => n + quarter(s.text), 0)).toBeGreaterThan(300);
@@ -65,7 +65,7 @@ describe("EvidenceIndex.select", () => {
   });
 
   it("reads only lines that share a word with the claim: the budget is a ceiling, not a fill", () => {
-    const segs = index.select("The museum opens a wing for Roman coins on Harbor Street.", 400, quarter);
+    const segs = index.select("The museum opens a wing for Roman coins on Harbor Street.", 400);
     expect(segs.map((s) => s.text)).toEqual([
       "The museum will open a new wing for Roman coins in 2027, the mayor announced.",
       "The bridge on Harbor Street reopened in May after repairs.",
@@ -73,20 +73,20 @@ describe("EvidenceIndex.select", () => {
   });
 
   it("ignores stop words: a claim of stop words alone reads the document from the top", () => {
-    const segs = index.select("It was the one that they had.", 40, quarter);
+    const segs = index.select("It was the one that they had.", 40);
     expect(segs[0]!.text).toBe("TITLE: Minutes of the town council");
     expect(segs.map((s) => s.start)).toEqual(segmentDocument(doc).slice(0, segs.length).map((s) => s.start));
   });
 
   it("is the same cut on every call, whatever else was asked of the index", () => {
     const claim = "The committee discussed budget items.";
-    const first = evidenceText(index.select(claim, 200, quarter));
-    index.select("Something about coins and bridges.", 200, quarter);
-    expect(evidenceText(new EvidenceIndex(doc).select(claim, 200, quarter))).toBe(first);
-    expect(evidenceText(index.select(claim, 200, quarter))).toBe(first);
+    const first = evidenceText(index.select(claim, 200));
+    index.select("Something about coins and bridges.", 200);
+    expect(evidenceText(new EvidenceIndex(doc, quarter).select(claim, 200))).toBe(first);
+    expect(evidenceText(index.select(claim, 200))).toBe(first);
   });
 
   it("passes over a segment that alone exceeds the budget and returns nothing when none fits", () => {
-    expect(index.select("Roman coins", 3, quarter)).toEqual([]);
+    expect(index.select("Roman coins", 3)).toEqual([]);
   });
 });
