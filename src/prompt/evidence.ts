@@ -5,7 +5,7 @@ import { eng } from "stopword";
  * The evidence cut: a document longer than one window, cut for one claim to
  * the lines most like the claim (BM25), kept in document order. On WiCE's
  * long test documents the large build reads a claim as well from this cut as
- * from every window of the document, for a fifth of the tokens
+ * from every window of the document, for a sixth of the tokens
  * (bench/RESULTS.md, sessions 28–30); each claim's cut depends on the
  * document and that claim alone, never on the other claims of a request.
  */
