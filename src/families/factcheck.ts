@@ -14,11 +14,11 @@ import { branchCost, likelyEscalated, NEUTRAL_STATE, passLimit, type LoadedBuild
 /**
  * Fact check: the state is a document, each question a claim; the answer is
  * the probability that the document supports the claim. A document longer
- * than one chunk is read, for each claim, from the claim's evidence cut: the
- * document's lines most like the claim, up to a token budget
- * (`prompt/evidence.ts`). With the cut off, it is read in overlapping token
- * windows and each claim takes its best-supported window (the MiniCheck
- * approach): nothing is cut, and every claim pays for every window.
+ * than one chunk is read in overlapping token windows and each claim takes
+ * its best-supported window (the MiniCheck approach): nothing is cut, and
+ * every claim pays for every window. With the evidence cut on, each claim is
+ * read instead from the document's lines most like it, up to a token budget
+ * (`prompt/evidence.ts`).
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";

@@ -2,12 +2,15 @@ import MiniSearch from "minisearch";
 import { eng } from "stopword";
 
 /**
- * The evidence cut: a document longer than one window, cut for one claim to
- * the lines most like the claim (BM25), kept in document order. On WiCE's
- * long test documents the large build reads a claim as well from this cut as
- * from every window of the document, for a sixth of the tokens
- * (bench/RESULTS.md, sessions 28–30); each claim's cut depends on the
- * document and that claim alone, never on the other claims of a request.
+ * The evidence cut (`ASSAY_FACTCHECK_EVIDENCE_TOKENS` above 0): a document
+ * longer than one window, cut for one claim to the lines most like the claim
+ * (BM25), kept in document order. On WiCE's long test documents the large
+ * build reads a claim as well from this cut as from every window of the
+ * document, for a sixth of the tokens; on a document made of several
+ * unrelated ones it is misled by the other documents' lines that share the
+ * claim's words (bench/RESULTS.md, session 30), so it is not the default.
+ * Each claim's cut depends on the document and that claim alone, never on
+ * the other claims of a request.
  */
 
 /** A piece of the document kept or dropped whole: a line, or a run of sentences of a long line. */

@@ -1,7 +1,8 @@
 /**
- * Fact check on the real engine (small and large exported builds). Chunks
- * are set small here (512 tokens) so a long-document test stays short; the
- * served default is in the README.
+ * Fact check on the real engine (small and large exported builds), with the
+ * evidence cut on for documents longer than one window. Chunks are set small
+ * here (512 tokens) so a long-document test stays short; the served defaults
+ * are in the README.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AssayError } from "../../src/errors/catalogue.js";
@@ -51,7 +52,13 @@ async function askBoth(first: string, second: string, state: string, qs: Record<
 }
 
 beforeAll(async () => {
-  engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig(), ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
+  engine = await startEngine({
+    ASSAY_MODELS_CONFIG: scheduledLargeConfig(),
+    ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK),
+    ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP),
+    // The evidence cut on (the served default reads windows: factcheck-windows.test.ts); at most one window here.
+    ASSAY_FACTCHECK_EVIDENCE_TOKENS: "1024",
+  });
 });
 
 afterAll(async () => {
