@@ -34,7 +34,7 @@ describe("fact check in windows", () => {
   const filler = Array.from({ length: 60 }, (_, i) => `Paragraph ${i}: the committee discussed routine budget items and adjourned.`).join("\n");
   const long = `${filler}\nFinally, the committee announced that the museum will open a new wing for Roman coins in 2027.`;
 
-  it("reads a long document in overlapping windows and finds a claim supported only at its end (judge-factcheck-max)", async () => {
+  it("reads a long document in overlapping windows and finds a claim supported only at its end (judge-factcheck-max, and judge-factcheck as -max)", async () => {
     // The large build: with the 0.5B the filler's own "yes" lean (raw 0.56) outbids the window that holds
     // the claim; a content-free prior for the family was measured and not shipped (bench/RESULTS.md, issue 18).
     const lb = engine.build("judge-factcheck-max");
@@ -54,5 +54,17 @@ describe("fact check in windows", () => {
     const both = await ask("judge-factcheck-max", long, { coin, tram });
     expect(both.usage.input_tokens - res.usage.input_tokens).toBeLessThan(chunks * 40);
     expect((both.details as Record<string, Detail>).coin!.raw).toBeCloseTo(d.raw, 3);
+    // judge-factcheck reads a document of several windows with the large build alone: -max's answers, windows and usage.
+    const base = await ask("judge-factcheck", long, { coin, tram });
+    for (const q of ["coin", "tram"]) {
+      const b = (base.details as Record<string, Detail & { escalated: boolean; scores: Record<string, number> }>)[q]!;
+      const m = (both.details as Record<string, Detail>)[q]!;
+      expect(b.escalated).toBe(false);
+      expect(Object.keys(b.scores)).toEqual(["qwen2.5-coder-1.5b"]);
+      expect(b.raw).toBeCloseTo(m.raw, 5);
+      expect(b.chunk).toBe(m.chunk);
+      expect((base.answers[q] as { noul: number }).noul).toBeCloseTo((both.answers[q] as { noul: number }).noul, 5);
+    }
+    expect(base.usage.input_tokens).toBe(both.usage.input_tokens);
   });
 });
