@@ -99,7 +99,11 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
   let reads: number[][];
   let window: number[];
   const evidence: ([number, number][] | null)[] = claims.map(() => null);
-  const windowIds = ([a, b]: [number, number]) => [...lb.tokenizer.encode(head), ...docIds.slice(a, b), ...lb.tokenizer.encode(tail)];
+  let around: [number[], number[]] | null = null;
+  const windowIds = ([a, b]: [number, number]) => {
+    const [headIds, tailIds] = (around ??= [lb.tokenizer.encode(head), lb.tokenizer.encode(tail)]);
+    return [...headIds, ...docIds.slice(a, b), ...tailIds];
+  };
   if (ranges.length === 1) {
     prefixes = [lb.tokenizer.encode(`${head}${document}${tail}`)];
     reads = [all];
