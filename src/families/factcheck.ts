@@ -332,7 +332,8 @@ export async function runFactCheck(
         answers[id] = { type: "noul", noul: final[i]! };
         const scores: Record<string, number> = { [model.build]: smallCal[i]! };
         if (escalated[i]) scores[model.escalateTo!] = final[i]!;
-        const evidence = (escalated[i] ? big! : small).evidence[i];
+        // Only a document of several windows has cuts, and it is never escalated (read by one build).
+        const evidence = small.evidence[i];
         details[id] = { raw: raw[i]!, escalated: escalated[i]!, scores, chunk: bestChunk[i]!, chunks, ...(evidence ? { evidence } : {}) };
       });
       return {
