@@ -8,17 +8,17 @@ import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type DocumentReading, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
 import { isStatement } from "../prompt/index.js";
-import { EvidenceIndex, evidenceText } from "../prompt/evidence.js";
+import { EvidenceIndex } from "../prompt/evidence.js";
 import { branchCost, likelyEscalated, NEUTRAL_STATE, passLimit, type LoadedBuild } from "../engine/index.js";
 
 /**
  * Fact check: the state is a document, each question a claim; the answer is
  * the probability that the document supports the claim. A document longer
- * than one chunk is read in overlapping token windows and each claim takes
- * its best-supported window (the MiniCheck approach): nothing is cut, and
- * every claim pays for every window. With the evidence cut on, each claim is
- * read instead from the document's lines most like it, up to a token budget
- * (`prompt/evidence.ts`).
+ * than one chunk is read, for each claim, from its evidence cut: the passage
+ * of the document most like the claim, up to a token budget
+ * (`prompt/evidence.ts`). With the cut off (0), it is read in overlapping
+ * token windows and each claim takes its best-supported window (the MiniCheck
+ * approach): nothing is cut, and every claim pays for every window.
  */
 
 export const FACTCHECK_CALIBRATION_KEY = "factcheck:noul";
@@ -43,7 +43,7 @@ export interface FactCheckDetail {
   chunk: number;
   /** Windows the document spans (`ASSAY_FACTCHECK_CHUNK_TOKENS`), however it was read. */
   chunks: number;
-  /** Read from the evidence cut: the document's character ranges the claim was read against, in order. */
+  /** Read from the evidence cut: the `[start, end)` character range of the document the claim was read against (one passage; a list, so the field can carry several). */
   evidence?: [number, number][];
 }
 
@@ -115,8 +115,8 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
     prefixes = [];
     reads = [];
     claims.forEach((claim, i) => {
-      const segments = index.select(claim, reading.evidenceTokens);
-      const text = evidenceText(segments);
+      const cut = index.passage(claim, reading.evidenceTokens);
+      const text = cut?.text ?? "";
       let at = byText.get(text);
       if (at === undefined) {
         at = prefixes.length;
@@ -126,7 +126,7 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
         reads.push([]);
       }
       reads[at]!.push(i);
-      if (text.length > 0) evidence[i] = segments.map((s) => [s.start, s.end]);
+      if (cut) evidence[i] = [[cut.start, cut.end]];
     });
     window = prefixes.map(() => 0);
   } else {

@@ -2,14 +2,14 @@ import MiniSearch from "minisearch";
 import { eng } from "stopword";
 
 /**
- * The evidence cut (`ASSAY_FACTCHECK_EVIDENCE_TOKENS` above 0): a document
- * longer than one window, cut for one claim to the lines most like the claim
- * (BM25), kept in document order. On WiCE's long test documents the large
- * build reads a claim as well from this cut as from every window of the
- * document, for a sixth of the tokens; on a document made of several
- * unrelated ones it is misled by the other documents' lines that share the
- * claim's words (bench/RESULTS.md, session 30), so it is not the default.
- * Each claim's cut depends on the document and that claim alone, never on
+ * The evidence cut (`ASSAY_FACTCHECK_EVIDENCE_TOKENS`, 1,024 by default): a
+ * document longer than one window is read, for each claim, from one passage
+ * of it: the run of consecutive lines, up to the budget, whose lines are most
+ * like the claim (summed BM25). A passage reads as the document does, with
+ * what surrounds the matching lines; a collage of the best-matching lines from
+ * anywhere lost to it on both long-document forms measured, and the passage
+ * beat every window read for a fifth of the tokens (bench/RESULTS.md, session
+ * 31). Each claim's cut depends on the document and that claim alone, never on
  * the other claims of a request.
  */
 
@@ -22,8 +22,8 @@ export interface Segment {
 }
 
 /**
- * Longer lines are cut at sentence ends: a web page's paragraph of 3,000
- * characters would otherwise be all or nothing of a 4,000-character cut.
+ * Longer lines are cut at sentence ends, so a passage can begin or end inside
+ * a web page's paragraph of 3,000 characters rather than take it all or none.
  */
 export const MAX_SEGMENT_CHARS = 500;
 
@@ -73,12 +73,12 @@ export function segmentDocument(document: string, max = MAX_SEGMENT_CHARS): Segm
 export class EvidenceIndex {
   readonly segments: Segment[];
   private readonly search: MiniSearch<{ id: number; text: string }>;
-  /** Each segment's size in tokens, measured once, when a claim first ranks it. */
+  /** Each segment's size in tokens, measured once, when a claim's sweep first reaches it. */
   private readonly sizes: (number | undefined)[];
 
   /** `tokens` measures a segment in the reading build's tokens, its line break included. */
   constructor(
-    document: string,
+    private readonly document: string,
     private readonly tokens: (text: string) => number,
   ) {
     this.segments = segmentDocument(document);
@@ -95,29 +95,38 @@ export class EvidenceIndex {
   }
 
   /**
-   * The segments for `claim`, in document order: the best-scoring ones that
-   * fit in `budget` tokens. A claim that shares no word with the document
-   * gets the document's first segments, as a reader would start at the top.
+   * The passage for `claim`: the consecutive segments that fit in `budget`
+   * tokens with the highest summed score, as one slice of the document (its
+   * blank lines kept). Ties go to the earlier passage, so a claim that shares
+   * no word with the document reads its top, as a reader would start there.
+   * Null when no segment alone fits the budget.
    */
-  select(claim: string, budget: number): Segment[] {
-    const hits = this.search.search(claim, { combineWith: "OR" });
-    // Ties are broken by position so the cut is the same on every run.
-    const ranked = hits.length > 0 ? hits.sort((x, y) => y.score - x.score || x.id - y.id).map((h) => h.id as number) : this.segments.map((_, i) => i);
-    const kept: number[] = [];
+  passage(claim: string, budget: number): Segment | null {
+    const score = this.segments.map(() => 0);
+    for (const h of this.search.search(claim, { combineWith: "OR" })) score[h.id as number] = h.score;
+    const size = (i: number) => (this.sizes[i] ??= this.tokens(this.segments[i]!.text));
+    // Scores are never negative, so the best passage starting at i is the longest that fits: one sweep.
+    let best: [number, number] | null = null;
+    let bestScore = -1;
+    let end = 0;
     let used = 0;
-    for (const i of ranked) {
-      if (used >= budget) break;
-      const n = (this.sizes[i] ??= this.tokens(this.segments[i]!.text));
-      // A segment that does not fit is passed over; a shorter one further down may still fit.
-      if (used + n > budget) continue;
-      kept.push(i);
-      used += n;
+    let sum = 0;
+    for (let start = 0; start < this.segments.length; start++) {
+      if (end < start) [end, used, sum] = [start, 0, 0];
+      while (end < this.segments.length && used + size(end) <= budget) {
+        used += size(end);
+        sum += score[end]!;
+        end++;
+      }
+      if (end > start) {
+        if (sum > bestScore) [best, bestScore] = [[start, end], sum];
+        used -= size(start);
+        sum -= score[start]!;
+      }
     }
-    return kept.sort((a, b) => a - b).map((i) => this.segments[i]!);
+    if (!best) return null;
+    const from = this.segments[best[0]]!.start;
+    const to = this.segments[best[1] - 1]!.end;
+    return { text: this.document.slice(from, to), start: from, end: to };
   }
-}
-
-/** The text a claim is read against: its segments, one per line. */
-export function evidenceText(segments: readonly Segment[]): string {
-  return segments.map((s) => s.text).join("\n");
 }

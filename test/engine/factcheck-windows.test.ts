@@ -1,6 +1,6 @@
 /**
- * Fact check as served by default (`ASSAY_FACTCHECK_EVIDENCE_TOKENS=0`, the
- * evidence cut off): a document longer than one window is read in overlapping windows, every
+ * Fact check with the evidence cut off (`ASSAY_FACTCHECK_EVIDENCE_TOKENS=0`,
+ * the windows): a document longer than one window is read in overlapping windows, every
  * claim in every window, and each claim takes its best window. Windows are
  * set small (512 tokens) so the long document stays short.
  */
@@ -23,7 +23,7 @@ function ask(model: string, state: string, qs: Record<string, unknown>): Promise
 type Detail = { raw: number; chunk: number; chunks: number; evidence?: [number, number][] };
 
 beforeAll(async () => {
-  engine = await startEngine({ ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP) });
+  engine = await startEngine({ ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK), ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP), ASSAY_FACTCHECK_EVIDENCE_TOKENS: "0" });
 });
 
 afterAll(async () => {

@@ -1,6 +1,6 @@
 /**
  * Fact check on the real engine (small and large exported builds), with the
- * evidence cut on for documents longer than one window. Chunks are set small
+ * evidence cut (the served default) for documents longer than one window. Chunks are set small
  * here (512 tokens) so a long-document test stays short; the served defaults
  * are in the README.
  */
@@ -56,7 +56,7 @@ beforeAll(async () => {
     ASSAY_MODELS_CONFIG: scheduledLargeConfig(),
     ASSAY_FACTCHECK_CHUNK_TOKENS: String(CHUNK),
     ASSAY_FACTCHECK_CHUNK_OVERLAP: String(OVERLAP),
-    // The evidence cut on (the served default reads windows: factcheck-windows.test.ts); at most one window here.
+    // The served default, clamped to one window here (`0`, the windows: factcheck-windows.test.ts).
     ASSAY_FACTCHECK_EVIDENCE_TOKENS: "1024",
   });
 });
@@ -133,12 +133,15 @@ describe("fact check", () => {
     for (const q of ["coin", "tram"]) {
       expect(d[q]!.chunks).toBe(chunks);
       expect(d[q]!.chunk).toBe(0);
-      expect(d[q]!.evidence!.length).toBeGreaterThan(0);
+      // One passage: a single range of the document.
+      expect(d[q]!.evidence!.length).toBe(1);
     }
     // The coin claim's cut holds the one line that supports it.
     const cut = (q: string) => d[q]!.evidence!.map(([a, b]) => long.slice(a, b)).join("\n");
     expect(cut("coin")).toContain("Roman coins in 2027");
-    expect(cut("coin").length).toBeLessThan(long.length / 2);
+    // A passage: the document's own slice, ending at that line (nothing after it matches), within one window.
+    expect(long.endsWith(cut("coin"))).toBe(true);
+    expect(lb.tokenizer.encode(cut("coin")).length).toBeLessThanOrEqual(CHUNK);
     // Each claim is read against its cut as if the cut were the whole (one-window) document: same prefix, same answer.
     let billed = 0;
     for (const q of ["coin", "tram"] as const) {
@@ -149,15 +152,15 @@ describe("fact check", () => {
       expect(d[q]!.raw).toBeCloseTo(a.raw, 5);
       expect((res.answers[q] as { noul: number }).noul).toBeCloseTo((alone.answers[q] as { noul: number }).noul, 5);
       billed += alone.usage.input_tokens;
+      expect(alone.usage.input_tokens).toBeLessThan(lb.tokenizer.encode(long).length);
     }
     // Billed for what was read: each claim's cut and the claim, not the document.
     expect(res.usage.input_tokens).toBe(billed);
-    expect(res.usage.input_tokens).toBeLessThan(lb.tokenizer.encode(long).length);
     expect((res.answers.coin as { noul: number }).noul).toBeGreaterThan((res.answers.tram as { noul: number }).noul);
   });
 
   it("claims whose cuts are the same text share one read of it", async () => {
-    // Both claims match only the last line, so both cuts are that line: one prefix, billed once.
+    // Both claims match only the last line, so both cuts are the same passage ending there: one prefix, billed once.
     const qs = {
       a: { type: "noul", instructions: "Roman coins will be shown in the new museum wing." },
       b: { type: "noul", instructions: "The museum wing for Roman coins opens in 2027." },

@@ -1,11 +1,11 @@
 /**
  * The evidence cut (src/prompt/evidence.ts): how a long fact check document
- * is split into segments and which of them a claim is read against. Token
+ * is split into segments and which passage of them a claim is read against. Token
  * counts here are characters / 4 (a stand-in measure passed in, as the
  * family passes the build's tokenizer); the engine test reads a real cut.
  */
 import { describe, expect, it } from "vitest";
-import { EvidenceIndex, MAX_SEGMENT_CHARS, evidenceText, segmentDocument } from "../../src/prompt/evidence.js";
+import { EvidenceIndex, MAX_SEGMENT_CHARS, segmentDocument, type Segment } from "../../src/prompt/evidence.js";
 
 const quarter = (text: string) => Math.ceil(text.length / 4) + 1;
 
@@ -43,50 +43,56 @@ describe("segmentDocument", () => {
   });
 });
 
-describe("EvidenceIndex.select", () => {
+describe("EvidenceIndex.passage", () => {
   const index = new EvidenceIndex(doc, quarter);
+  const segments = segmentDocument(doc);
+  /** The segments a passage spans, and their size in the stand-in measure. */
+  const spanned = (p: Segment) => segments.filter((s) => s.start >= p.start && s.end <= p.end);
+  const size = (p: Segment) => spanned(p).reduce((n, s) => n + quarter(s.text), 0);
 
-  it("keeps the line most like the claim, within the budget, in document order", () => {
-    const segs = index.select("The museum opens a wing for Roman coins.", 60);
-    expect(segs[0]!.text).toContain("Roman coins");
-    expect(segs.reduce((n, s) => n + quarter(s.text), 0)).toBeLessThanOrEqual(60);
-    const starts = segs.map((s) => s.start);
-    expect(starts).toEqual([...starts].sort((a, b) => a - b));
+  it("is one slice of the document that holds the line most like the claim, within the budget", () => {
+    const p = index.passage("The museum opens a wing for Roman coins.", 60)!;
+    expect(p.text).toContain("Roman coins");
+    expect(doc.slice(p.start, p.end)).toBe(p.text);
+    expect(size(p)).toBeLessThanOrEqual(60);
+    // The lines around the best one come with it, in the document's order, line breaks kept.
+    expect(spanned(p).length).toBeGreaterThan(1);
+    expect(p.text).toContain("\n");
   });
 
-  it("fills the budget with the next-best lines, and a larger budget keeps what a smaller one kept", () => {
-    const claim = "The committee said the museum opens a wing for Roman coins.";
-    const small = index.select(claim, 60);
-    const large = index.select(claim, 400);
-    expect(small.some((s) => s.text.includes("Roman coins"))).toBe(true);
-    expect(large.filter((s) => s.text.includes("committee")).length).toBeGreaterThan(small.filter((s) => s.text.includes("committee")).length);
-    expect(large.reduce((n, s) => n + quarter(s.text), 0)).toBeGreaterThan(300);
-    for (const s of small) expect(large).toContainEqual(s);
+  it("is the longest run of lines that fits: the next line would pass the budget", () => {
+    for (const budget of [60, 200, 400]) {
+      const p = index.passage("The committee discussed budget items.", budget)!;
+      const next = segments.find((s) => s.start >= p.end);
+      expect(size(p)).toBeLessThanOrEqual(budget);
+      if (next) expect(size(p) + quarter(next.text)).toBeGreaterThan(budget);
+    }
   });
 
-  it("reads only lines that share a word with the claim: the budget is a ceiling, not a fill", () => {
-    const segs = index.select("The museum opens a wing for Roman coins on Harbor Street.", 400);
-    expect(segs.map((s) => s.text)).toEqual([
-      "The museum will open a new wing for Roman coins in 2027, the mayor announced.",
-      "The bridge on Harbor Street reopened in May after repairs.",
-    ]);
+  it("keeps the run around the best-matching line rather than matching lines from elsewhere", () => {
+    // The museum line (four of the claim's words) and the bridge line (two) are twenty lines apart: a
+    // passage of 400 cannot hold both, and a collage of the two is not a passage.
+    const p = index.passage("The museum opens a wing for Roman coins on Harbor Street.", 400)!;
+    expect(p.text).toContain("Roman coins");
+    expect(p.text).not.toContain("Harbor Street");
+    expect(spanned(p).length).toBeGreaterThan(10);
   });
 
-  it("ignores stop words: a claim of stop words alone reads the document from the top", () => {
-    const segs = index.select("It was the one that they had.", 40);
-    expect(segs[0]!.text).toBe("TITLE: Minutes of the town council");
-    expect(segs.map((s) => s.start)).toEqual(segmentDocument(doc).slice(0, segs.length).map((s) => s.start));
+  it("goes to the earlier passage on a tie: a claim of stop words alone reads the document from the top", () => {
+    const p = index.passage("It was the one that they had.", 40)!;
+    expect(p.start).toBe(0);
+    expect(p.text.startsWith("TITLE: Minutes of the town council")).toBe(true);
   });
 
   it("is the same cut on every call, whatever else was asked of the index", () => {
     const claim = "The committee discussed budget items.";
-    const first = evidenceText(index.select(claim, 200));
-    index.select("Something about coins and bridges.", 200);
-    expect(evidenceText(new EvidenceIndex(doc, quarter).select(claim, 200))).toBe(first);
-    expect(evidenceText(index.select(claim, 200))).toBe(first);
+    const first = index.passage(claim, 200);
+    index.passage("Something about coins and bridges.", 200);
+    expect(new EvidenceIndex(doc, quarter).passage(claim, 200)).toEqual(first);
+    expect(index.passage(claim, 200)).toEqual(first);
   });
 
-  it("passes over a segment that alone exceeds the budget and returns nothing when none fits", () => {
-    expect(index.select("Roman coins", 3)).toEqual([]);
+  it("is null when no segment alone fits the budget", () => {
+    expect(index.passage("Roman coins", 3)).toBeNull();
   });
 });
