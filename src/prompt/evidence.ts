@@ -7,9 +7,9 @@ import { eng } from "stopword";
  * of it: the run of consecutive lines, up to the budget, whose lines are most
  * like the claim (summed BM25). A passage reads as the document does, with
  * what surrounds the matching lines; a collage of the best-matching lines from
- * anywhere lost to it on both long-document forms measured, and the passage
- * beat every window read for a fifth of the tokens (bench/RESULTS.md, session
- * 31). Each claim's cut depends on the document and that claim alone, never on
+ * anywhere lost to it on both long-document forms measured, and it read
+ * claims at least as well as every window did (a little better on both, within
+ * noise) for a fifth of the tokens (bench/RESULTS.md, session 31). Each claim's cut depends on the document and that claim alone, never on
  * the other claims of a request.
  */
 
