@@ -90,7 +90,7 @@ const Env = z.object({
   ASSAY_FACTCHECK_CHUNK_TOKENS: z.coerce.number().int().min(256).default(2048).meta({ doc: "fact check window size (documents longer than this are read in windows)" }),
   /** Tokens each fact check chunk shares with the one before it. */
   ASSAY_FACTCHECK_CHUNK_OVERLAP: z.coerce.number().int().min(0).default(256).meta({ doc: "tokens each window shares with the one before" }),
-  /** Fact check: above 0, a document longer than one window is read, per claim, from its lines most like the claim, up to this many tokens. */
+  /** Fact check: above 0 (the default), a document longer than one window is read, per claim, from its passage most like the claim, up to this many tokens; 0 reads every window. */
   ASSAY_FACTCHECK_EVIDENCE_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "a document longer than one window is read, for each claim, from the passage of the document most like the claim (consecutive lines, summed BM25) of up to this many tokens (at most one window); `0` reads every window for every claim instead (the windows: cheaper for many claims on a document of few windows, less accurate on both long-document forms measured)" }),
 
   // Accounts, credit and concurrency (README, "Credit, limits and replicas").
