@@ -62,6 +62,11 @@ export const QUESTION_CASES: BadRequestCase[] = [
     detail: /\bq1\.criteria\b/,
   },
   {
+    name: "choice with an empty option key",
+    body: { state, questions: { q1: { type: "choice", criteria: { "": null, b: null } } } },
+    detail: 'q1.criteria: key "": option keys must be non-empty',
+  },
+  {
     name: "noul criteria is a string",
     body: { state, questions: { q1: { type: "noul", criteria: "yes" } } },
     detail: /\bq1\.criteria\b/,
