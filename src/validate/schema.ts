@@ -132,12 +132,18 @@ export const CodeSearchState = z.union([
 ]);
 export type CodeSearchState = z.infer<typeof CodeSearchState>;
 
+const CLAIM_NEEDED = "a fact check question needs its claim in `instructions`";
+
 /** Fact check: every question is a `noul` whose instructions hold one claim. */
 export function factCheckQuestions() {
   return z
     .record(
       z.string(),
-      NoulQuestion.extend({ instructions: z.string().trim().min(1, "a fact check question needs its claim in `instructions`") }),
+      z.discriminatedUnion(
+        "type",
+        [NoulQuestion.extend({ instructions: z.string({ error: CLAIM_NEEDED }).trim().min(1, CLAIM_NEEDED) })],
+        { error: "fact check questions are of type noul, one claim each in `instructions`" },
+      ),
     )
     .refine(
       (q) => Object.keys(q).length >= LIMITS.generalQuestions.min && Object.keys(q).length <= LIMITS.generalQuestions.max,
