@@ -286,4 +286,11 @@ describe("invalid requests", () => {
     expect(err).toBeInstanceOf(AssayError);
     expect((err as AssayError).status).toBe(422);
   });
+
+  it("an empty option key is a 422 naming the key and its rule", async () => {
+    const err = await ask(engine, MEETING, { c: { type: "choice", criteria: { "": null, b: null } } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(AssayError);
+    expect((err as AssayError).status).toBe(422);
+    expect((err as AssayError).message).toContain('c.criteria: key "": option keys must be non-empty');
+  });
 });
