@@ -1,17 +1,9 @@
-import { invalid } from "../errors/catalogue.js";
 import type { ResolvedModel } from "../models/registry.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { adjustForRecall } from "../probability/recall.js";
 import { codesearchItem, codesearchPrefix, codesearchWholeState, type CodeItem } from "../prompt/families.js";
-import {
-  CodeSearchState,
-  LIMITS,
-  codeSearchQuestions,
-  describeZodError,
-  type NoulAnswer,
-  type RequestEnvelope,
-  type SystemOneResponse,
-} from "../validate/schema.js";
+import { codeSearchRequest } from "../validate/families.js";
+import type { NoulAnswer, RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { CodeSearchFit, familyFit, type FamilyEnv } from "./types.js";
 import { likelyEscalated } from "../engine/index.js";
@@ -43,43 +35,11 @@ interface Parsed {
 }
 
 function parse(env: RequestEnvelope, lbStyle: Parameters<typeof codesearchPrefix>[0]): Parsed {
-  const qs = codeSearchQuestions().safeParse(env.questions);
-  if (!qs.success) throw invalid(describeZodError(qs.error).replace(/^body/, "questions"));
-  const st = CodeSearchState.safeParse(env.state);
-  if (!st.success) {
-    throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error).replace(/^body/, "state")}`);
-  }
-  const state = st.data;
-  const chars = typeof state === "string" ? state.length : JSON.stringify(state).length;
-  if (chars > LIMITS.codeSearchStateChars) {
-    throw invalid(`state: ${chars.toLocaleString("en-US")} characters; code search states are limited to ${LIMITS.codeSearchStateChars.toLocaleString("en-US")}`);
-  }
-  const ids = Object.keys(qs.data);
-  if (typeof state === "string") {
-    return {
-      prefixText: codesearchPrefix(lbStyle, state),
-      ids,
-      suffixTexts: ids.map((id) => codesearchWholeState(lbStyle, qs.data[id]!.instructions)),
-    };
-  }
-  const items = new Map<string, CodeItem>();
-  for (const it of state.items) {
-    if (items.has(it.id)) throw invalid(`state.items: item id "${it.id}" appears more than once`);
-    items.set(it.id, it as CodeItem);
-  }
-  const suffixTexts = ids.map((id) => {
-    const m = /^q(\d+)$/.exec(id);
-    const item = m ? items.get(`n${m[1]}`) : undefined;
-    if (!item) {
-      throw invalid(
-        m
-          ? `questions.${id}: no item "n${m[1]}" in state.items (question q<i> is about item n<i>)`
-          : `questions.${id}: code search question ids are q0, q1, …, one per item n0, n1, …`,
-      );
-    }
-    return codesearchItem(lbStyle, item, qs.data[id]!.instructions);
-  });
-  return { prefixText: codesearchPrefix(lbStyle, state.query), ids, suffixTexts };
+  const req = codeSearchRequest(env);
+  const suffixTexts = req.items
+    ? req.items.map((item, i) => codesearchItem(lbStyle, item as CodeItem, req.instructions[i]))
+    : req.instructions.map((text) => codesearchWholeState(lbStyle, text));
+  return { prefixText: codesearchPrefix(lbStyle, req.query), ids: req.ids, suffixTexts };
 }
 
 export async function runCodeSearch(

@@ -3,7 +3,8 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { NOUL_KEY, calibrateNoul, logit, sigmoid } from "../probability/calibration.js";
 import { claimQuestion, factcheckClaim, factcheckClaimTrueFalse, factcheckPrefixParts } from "../prompt/families.js";
-import { describeZodError, factCheckQuestions, type NoulAnswer, type RequestEnvelope, type SystemOneResponse } from "../validate/schema.js";
+import { factCheckRequest } from "../validate/families.js";
+import type { NoulAnswer, RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import { DEFAULT_BAND, escalate } from "./escalation.js";
 import { FactCheckFit, familyFit, type DocumentReading, type FamilyEnv, type FamilyPrior } from "./types.js";
 import { encodeBranches, plannedPasses, scoreYesNo, yesProbability, type EncodedBranches } from "./yesno.js";
@@ -240,15 +241,7 @@ export async function runFactCheck(
   env: RequestEnvelope,
   ctx: PipelineContext,
 ): Promise<SystemOneResponse> {
-  const qs = factCheckQuestions().safeParse(env.questions);
-  if (!qs.success) throw invalid(describeZodError(qs.error).replace(/^body/, "questions"));
-  if (typeof env.state !== "string") {
-    throw invalid("state: a fact check state is the document, as a string");
-  }
-  if (env.state.trim().length === 0) throw invalid("state: the document is empty");
-  const document = env.state;
-  const ids = Object.keys(qs.data);
-  const claims = ids.map((id) => qs.data[id]!.instructions);
+  const { document, ids, claims } = factCheckRequest(env);
   const all = claims.map((_, i) => i);
   const t0 = performance.now();
   const encode = (lb: LoadedBuild) => encodeDocument(lb, document, claims, fam.factcheckReading, fam.maxPackedTokens);

@@ -7,14 +7,13 @@ import type { Timings } from "../pipeline/timings.js";
 import { answer, averageReadings, calibrationForMode, logSumExp } from "../probability/index.js";
 import { buildPrompt, DEFAULT_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
 import {
-  describeZodError,
-  generalQuestions,
   type Answer,
   type Question,
   type RequestEnvelope,
   type State,
   type SystemOneResponse,
 } from "../validate/schema.js";
+import { generalRequest } from "../validate/families.js";
 import type { FamilyEnv } from "./types.js";
 
 /**
@@ -154,11 +153,25 @@ export function plannedGeneral(fam: FamilyEnv, lb: LoadedBuild, prepared: Prepar
 }
 
 export async function runGeneral(fam: FamilyEnv, model: ResolvedModel, env: RequestEnvelope, ctx: PipelineContext): Promise<SystemOneResponse> {
-  const parsed = generalQuestions().safeParse(env.questions);
-  if (!parsed.success) throw invalid(describeZodError(parsed.error).replace(/^body/, "questions"));
-  const lb = fam.build(model.build);
+  const questions = generalRequest(env);
+  // Nothing is tokenized, held or charged while the build is not running.
+  const release = fam.acquire(model.build, env.model);
+  try {
+    return await scoreGeneral(fam, fam.build(model.build), questions, env, ctx);
+  } finally {
+    release();
+  }
+}
+
+async function scoreGeneral(
+  fam: FamilyEnv,
+  lb: LoadedBuild,
+  questions: Record<string, Question>,
+  env: RequestEnvelope,
+  ctx: PipelineContext,
+): Promise<SystemOneResponse> {
   const limit = passLimit(lb, fam.maxPackedTokens);
-  const prepared = prepare(lb, env.state, parsed.data, ctx.timings, { debias: fam.debias });
+  const prepared = prepare(lb, env.state, questions, ctx.timings, { debias: fam.debias });
   // The questions are read in as many passes as they need; the state with one
   // question must fit in the model's context (a build that takes past keys and
   // values computes a state longer than one pass in chunks), else in one pass.

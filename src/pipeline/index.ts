@@ -1,5 +1,4 @@
 import type { Config } from "../config/index.js";
-import { invalid } from "../errors/catalogue.js";
 import { Engine, PrefixCache, loadBuild, type LoadedBuild } from "../engine/index.js";
 import { InferencePool } from "../inference/pool.js";
 import { cpuInt8Products, INT8_GRAPH, int8Products } from "../models/int8.js";
@@ -12,6 +11,7 @@ import { runCodeSearch } from "../families/codesearch.js";
 import { runFactCheck } from "../families/factcheck.js";
 import { plannedGeneral, prepare, runGeneral } from "../families/general.js";
 import type { FamilyEnv } from "../families/types.js";
+import { unknownModel } from "../validate/families.js";
 import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import type { ModelListing, Pipeline, PipelineContext } from "./types.js";
 
@@ -144,9 +144,7 @@ export class EnginePipeline implements Pipeline {
   }
 
   private resolve(name: string): ResolvedModel {
-    if (!this.registry.has(name)) {
-      throw invalid(`unknown model "${name}"; available models: ${this.registry.names().join(", ")}`);
-    }
+    if (!this.registry.has(name)) throw unknownModel(name, this.registry.names());
     return this.registry.resolve(name);
   }
 
@@ -154,12 +152,7 @@ export class EnginePipeline implements Pipeline {
     const model = this.resolve(env.model);
     if (model.family === "codesearch") return runCodeSearch(this.families, model, env, ctx);
     if (model.family === "factcheck") return runFactCheck(this.families, model, env, ctx);
-    const release = this.lifecycle.acquire(model.build, env.model);
-    try {
-      return await runGeneral(this.families, model, env, ctx);
-    } finally {
-      release();
-    }
+    return runGeneral(this.families, model, env, ctx);
   }
 
   async close(): Promise<void> {

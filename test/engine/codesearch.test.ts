@@ -24,6 +24,8 @@ import { scheduledLargeConfig, startEngine } from "./engine.js";
 
 const SMALL = "qwen2.5-coder-0.5b";
 const LARGE = "qwen2.5-coder-1.5b";
+/** A general name on the scheduled large build (scheduledLargeConfig). */
+const GENERAL_ON_LARGE = "judge-on-demand";
 
 let engine: EnginePipeline;
 let app: FastifyInstance;
@@ -70,7 +72,7 @@ async function status422(model: string, state: unknown, qs: Record<string, unkno
 
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-codesearch-"));
-  engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig() });
+  engine = await startEngine({ ASSAY_MODELS_CONFIG: scheduledLargeConfig(SMALL, LARGE, { generalOnLarge: GENERAL_ON_LARGE }) });
   const config = loadConfig({ ...process.env, ASSAY_DATA_DIR: dir, LOG_LEVEL: "silent" });
   accounts = new SqliteAccountsStore(dir, { startingGrantMicro: config.startingGrantMicro });
   app = buildApp({ config, pipeline: engine, accounts });
@@ -155,6 +157,27 @@ describe("code search (judge-codegrep-lite, the small build)", () => {
 });
 
 describe("the large build on demand", () => {
+  it("answers a malformed request to a name on the unloaded build with its 422, not 503, and starts no load", async () => {
+    expect(engine.lifecycle.state(LARGE)).toBe("unloaded");
+    const { key, org } = accounts.createKey("cs-org-bad");
+    const post = (model: string, state: unknown, qs: unknown) =>
+      app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${key}` }, payload: { model, state, questions: qs } });
+    const bad = [
+      [GENERAL_ON_LARGE, "a state", { q: { type: "choice", criteria: { only: null } } }, "q.criteria: a choice question needs 2 to 255 options"],
+      [GENERAL_ON_LARGE, "a state", { q: { type: "maybe" } }, /^q\.type: /],
+      ["judge-codegrep-max", { query, items }, { q9: { type: "noul" } }, 'questions.q9: no item "n9" in state.items (question q<i> is about item n<i>)'],
+      ["judge-factcheck-max", "a document", { a: { type: "noul" } }, "a.instructions: a fact check question needs its claim in `instructions`"],
+    ] as const;
+    for (const [model, state, qs, detail] of bad) {
+      const res = await post(model, state, qs);
+      expect(res.statusCode, res.body).toBe(422);
+      if (typeof detail === "string") expect(res.json().detail).toBe(detail);
+      else expect(res.json().detail).toMatch(detail);
+    }
+    expect(engine.lifecycle.state(LARGE)).toBe("unloaded");
+    expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
+  });
+
   it("answers judge-codegrep-max with 503 + Retry-After while the large build starts, and charges nothing", async () => {
     expect(engine.lifecycle.state(LARGE)).toBe("unloaded");
     const { key, org } = accounts.createKey("cs-org");
@@ -172,6 +195,16 @@ describe("the large build on demand", () => {
     expect(accounts.balance(org.id, Date.now())).toEqual(before);
     expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
     expect(engine.lifecycle.state(LARGE)).toBe("loading");
+    // Well-formed, a general name on the same build waits for it the same way.
+    const general = await app.inject({
+      method: "POST",
+      url: "/v1/systemone",
+      headers: { authorization: `Bearer ${key}` },
+      payload: { model: GENERAL_ON_LARGE, state: "a state", questions: { q: { type: "noul", instructions: "Is it a state?" } } },
+    });
+    expect(general.statusCode, general.body).toBe(503);
+    expect(general.json().detail).toMatch(/needs model build qwen2\.5-coder-1\.5b, which is starting/);
+    expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
   });
 
   it("serves judge-codegrep-max once loaded, billed like any request", async () => {

@@ -37,13 +37,15 @@ export async function ask(
  * names on a schedule). The shipped config keeps the large build loaded,
  * since `judge-latest` reads with it.
  */
-export function scheduledLargeConfig(small = "qwen2.5-coder-0.5b", large = "qwen2.5-coder-1.5b"): string {
+export function scheduledLargeConfig(small = "qwen2.5-coder-0.5b", large = "qwen2.5-coder-1.5b", opts: { generalOnLarge?: string } = {}): string {
   const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as {
     builds: Record<string, { availability?: string }>;
     models: Record<string, { family?: string; build?: string }>;
   };
   file.builds[large]!.availability = "scheduled";
   for (const m of Object.values(file.models)) if (m.family === "general" && m.build === large) m.build = small;
+  // A general name left on the scheduled build: how a deployment that loads its large judge on demand looks.
+  if (opts.generalOnLarge) file.models[opts.generalOnLarge] = { family: "general", build: large };
   const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-models-")), "models.json");
   fs.writeFileSync(out, JSON.stringify(file, null, 2));
   return out;

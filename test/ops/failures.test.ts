@@ -186,6 +186,34 @@ describe("503 while the model is starting", () => {
   });
 });
 
+describe("422 while the model is starting, for what the model would refuse", () => {
+  it("tells a malformed request why now, with the words it gets once the model is up, and charges nothing", async () => {
+    const starting = new StartingPipeline(() => engine.listModels().map((m) => ({ ...m, ready: false })));
+    t = await makeOpsApp(starting);
+    const bad: [object, string][] = [
+      [{ ...body(), model: "judge-nothing" }, 'unknown model "judge-nothing"; available models: '],
+      [{ ...body(), questions: { q: { type: "choice", criteria: { only: null } } } }, "q.criteria: a choice question needs 2 to 255 options"],
+      [{ ...body(), model: "judge-factcheck-lite", questions: { a: { type: "noul" } } }, "a.instructions: a fact check question needs its claim in `instructions`"],
+      [{ model: "judge-codegrep-lite", state: { query: "q", items: [] }, questions: { q0: { type: "noul" } } }, 'questions.q0: no item "n0" in state.items'],
+    ];
+    const details = async () => {
+      const out: string[] = [];
+      for (const [payload, expected] of bad) {
+        const d = expectSpecError(await post(payload), 422) as string;
+        expect(d.startsWith(expected), d).toBe(true);
+        out.push(d);
+      }
+      return out;
+    };
+    const before = await details();
+    expect(kinds()).toEqual([["grant", "starting grant"]]);
+    expect(expectSpecError(await post(), 503)).toMatch(/model is starting/);
+    starting.attach(engine);
+    expect(await details()).toEqual(before);
+    expect(kinds()).toEqual([["grant", "starting grant"]]);
+  });
+});
+
 describe("503 while draining", () => {
   it("new requests get 503 + Retry-After at once; in-flight ones past the drain deadline are cancelled (503), not charged", async () => {
     t = await makeOpsApp(engine);
