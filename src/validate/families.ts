@@ -25,7 +25,7 @@ export function unknownModel(name: string, names: readonly string[]): Error {
 }
 
 function questionsError(err: Parameters<typeof describeZodError>[0]): Error {
-  return invalid(describeZodError(err).replace(/^body/, "questions"));
+  return invalid(describeZodError(err, "questions"));
 }
 
 /** A general request's questions, parsed. */
@@ -69,7 +69,7 @@ export function codeSearchRequest(env: Pick<RequestEnvelope, "state" | "question
   if (!qs.success) throw questionsError(qs.error);
   const st = CodeSearchState.safeParse(env.state);
   if (!st.success) {
-    throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error).replace(/^body/, "state")}`);
+    throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error, "state")}`);
   }
   const state = st.data;
   const chars = typeof state === "string" ? state.length : JSON.stringify(state).length;

@@ -196,19 +196,22 @@ export const ErrorBody = z.object({
 });
 export type ErrorBody = z.infer<typeof ErrorBody>;
 
-/** Render a zod error (or its issues, as a route schema's validator reports them) as one readable sentence list for `detail`. */
-export function describeZodError(err: { issues: readonly ZodIssueLike[] }): string {
+/**
+ * Render a zod error (or its issues, as a route schema's validator reports them) as one readable
+ * sentence list for `detail`. Paths are from the top of the request body: `at` is where the
+ * validated value sits in it (`questions` when a family checks the questions alone).
+ */
+export function describeZodError(err: { issues: readonly ZodIssueLike[] }, at?: string): string {
+  const where = (path: readonly PropertyKey[]) => [...(at ? [at] : []), ...path.map(String)].join(".") || "body";
   return err.issues
     .map((i) => {
       // A bad record key (an empty option key) is reported by zod as "Invalid key in record" at a
       // path ending in the key itself; the caller needs the key's own rule and which key broke it.
       if (i.code === "invalid_key" && i.issues?.length) {
         const key = i.path[i.path.length - 1];
-        const parent = i.path.slice(0, -1);
-        return `${parent.length ? parent.map(String).join(".") : "body"}: key ${JSON.stringify(String(key))}: ${i.issues.map((n) => n.message).join("; ")}`;
+        return `${where(i.path.slice(0, -1))}: key ${JSON.stringify(String(key))}: ${i.issues.map((n) => n.message).join("; ")}`;
       }
-      const path = i.path.length ? i.path.map(String).join(".") : "body";
-      return `${path}: ${i.message}`;
+      return `${where(i.path)}: ${i.message}`;
     })
     .join("; ");
 }

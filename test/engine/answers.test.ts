@@ -291,6 +291,6 @@ describe("invalid requests", () => {
     const err = await ask(engine, MEETING, { c: { type: "choice", criteria: { "": null, b: null } } }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(AssayError);
     expect((err as AssayError).status).toBe(422);
-    expect((err as AssayError).message).toContain('c.criteria: key "": option keys must be non-empty');
+    expect((err as AssayError).message).toBe('questions.c.criteria: key "": option keys must be non-empty');
   });
 });

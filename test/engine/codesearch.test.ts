@@ -163,10 +163,10 @@ describe("the large build on demand", () => {
     const post = (model: string, state: unknown, qs: unknown) =>
       app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${key}` }, payload: { model, state, questions: qs } });
     const bad = [
-      [GENERAL_ON_LARGE, "a state", { q: { type: "choice", criteria: { only: null } } }, "q.criteria: a choice question needs 2 to 255 options"],
-      [GENERAL_ON_LARGE, "a state", { q: { type: "maybe" } }, /^q\.type: /],
+      [GENERAL_ON_LARGE, "a state", { q: { type: "choice", criteria: { only: null } } }, "questions.q.criteria: a choice question needs 2 to 255 options"],
+      [GENERAL_ON_LARGE, "a state", { q: { type: "maybe" } }, /^questions\.q\.type: /],
       ["judge-codegrep-max", { query, items }, { q9: { type: "noul" } }, 'questions.q9: no item "n9" in state.items (question q<i> is about item n<i>)'],
-      ["judge-factcheck-max", "a document", { a: { type: "noul" } }, "a.instructions: a fact check question needs its claim in `instructions`"],
+      ["judge-factcheck-max", "a document", { a: { type: "noul" } }, "questions.a.instructions: a fact check question needs its claim in `instructions`"],
     ] as const;
     for (const [model, state, qs, detail] of bad) {
       const res = await post(model, state, qs);

@@ -95,11 +95,11 @@ describe("fact check", () => {
       422,
       expect.stringMatching(/document, as a string/),
     ]);
-    expect(await status("judge-factcheck-lite", doc, { a: { type: "noul" } })).toEqual([422, "a.instructions: a fact check question needs its claim in `instructions`"]);
+    expect(await status("judge-factcheck-lite", doc, { a: { type: "noul" } })).toEqual([422, "questions.a.instructions: a fact check question needs its claim in `instructions`"]);
     expect((await status("judge-factcheck-lite", doc, { a: { type: "noul", instructions: "  " } }))[1]).toMatch(/claim/);
     expect(await status("judge-factcheck-lite", doc, { a: { type: "choice", criteria: { x: null, y: null } } })).toEqual([
       422,
-      "a.type: fact check questions are of type noul, one claim each in `instructions`",
+      "questions.a.type: fact check questions are of type noul, one claim each in `instructions`",
     ]);
     const many = Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`c${i}`, { type: "noul", instructions: "x" }]));
     expect((await status("judge-factcheck-lite", doc, many))[1]).toMatch(/1 to 64/);
