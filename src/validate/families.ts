@@ -7,6 +7,7 @@
  */
 import { invalid } from "../errors/catalogue.js";
 import {
+  CodeSearchQuery,
   CodeSearchState,
   LIMITS,
   codeSearchQuestions,
@@ -67,7 +68,9 @@ export interface CodeSearchRequest {
 export function codeSearchRequest(env: Pick<RequestEnvelope, "state" | "questions">): CodeSearchRequest {
   const qs = codeSearchQuestions().safeParse(env.questions);
   if (!qs.success) throw questionsError(qs.error);
-  const st = CodeSearchState.safeParse(env.state);
+  // A state that is not a string is checked as the object form alone, so the detail names the field
+  // that broke it (state.items.0.kind) instead of the union's "Invalid input".
+  const st = typeof env.state === "string" ? CodeSearchState.safeParse(env.state) : CodeSearchQuery.safeParse(env.state);
   if (!st.success) {
     throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error, "state")}`);
   }

@@ -126,10 +126,8 @@ export const CodeSearchItem = z.looseObject({
     .looseObject({ entries: z.array(z.looseObject({ name: z.string(), kind: z.string() })) })
     .optional(),
 });
-export const CodeSearchState = z.union([
-  z.string(),
-  z.looseObject({ query: z.string(), items: z.array(CodeSearchItem) }),
-]);
+export const CodeSearchQuery = z.looseObject({ query: z.string(), items: z.array(CodeSearchItem) });
+export const CodeSearchState = z.union([z.string(), CodeSearchQuery]);
 export type CodeSearchState = z.infer<typeof CodeSearchState>;
 
 const CLAIM_NEEDED = "a fact check question needs its claim in `instructions`";

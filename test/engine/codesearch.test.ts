@@ -149,6 +149,10 @@ describe("code search (judge-codegrep-lite, the small build)", () => {
     const many = Object.fromEntries(Array.from({ length: 129 }, (_, i) => [`q${i}`, { type: "noul" }]));
     expect(await status422("judge-codegrep-lite", { query, items }, many)).toMatch(/1 to 128/);
     expect(await status422("judge-codegrep-lite", { query }, questions)).toMatch(/state/);
+    // The object form's own rule, not the string-or-object union's "Invalid input".
+    expect(await status422("judge-codegrep-lite", { query, items: [{ id: "n0", path: "a.py" }] }, { q0: { type: "noul" } })).toMatch(
+      /; state\.items\.0\.kind: Invalid input: expected string, received undefined$/,
+    );
     expect(await status422("judge-codegrep-lite", { query, items: [items[0], items[0]] }, { q0: { type: "noul" } })).toMatch(
       /more than once/,
     );
