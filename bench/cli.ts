@@ -14,6 +14,7 @@ import type { PackedRequest } from "../src/inference/pack.js";
 import { pack } from "../src/inference/pack.js";
 import { InvalidArgumentError } from "commander";
 import { batchScenario } from "./batch.js";
+import { longStateScenario } from "./long-state.js";
 import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
@@ -239,6 +240,17 @@ program
   .option("--parts <list>", "second,cold,large,answers (answers: the large request against each question alone)", "second,cold,large,answers")
   .action(async (o: Omit<PrefixOptions, "parts"> & { parts: string }) => {
     await prefixScenario({ ...o, parts: o.parts.split(",").map((x) => x.trim()) });
+  });
+
+program
+  .command("long-state")
+  .description("a long state read in chunks apart from its question (ASSAY_STATE_CHUNK_TOKENS) against one pass with it, same run")
+  .option("--model <name>", "model name", "judge-latest")
+  .option("--state-tokens <list>", "state lengths in tokens", "2048,3072,4096,8000")
+  .option("--rounds <n>", "rounds per length (each a new state), sides alternating", int("--rounds"), 3)
+  .option("--chunk <n>", "the state chunk (ASSAY_STATE_CHUNK_TOKENS) of the chunked side", int("--chunk"), 2048)
+  .action(async (o: { model: string; stateTokens: string; rounds: number; chunk: number }) => {
+    await longStateScenario({ ...o, stateTokens: o.stateTokens.split(",").map(Number) }, command());
   });
 
 await program.parseAsync(process.argv);

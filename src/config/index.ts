@@ -70,6 +70,8 @@ const Env = z.object({
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192).meta({ doc: "longest packed sequence per forward pass; a longer request is read in several passes over the same state, and a state too long to share a pass with its widest question is computed alone in chunks (attention within limit² pairs per pass; builds of export format v3). 422 only when the state and one question exceed the model's context (a v2 build: this limit)" }),
+  /** A state above twice this is computed apart from its questions in chunks of this many tokens' attention (Engine.stateChunk). */
+  ASSAY_STATE_CHUNK_TOKENS: z.coerce.number().int().min(0).default(2048).meta({ doc: "a state longer than twice this (on builds of export format v3) is computed apart from its questions, in chunks of at most this many tokens' attention (c·(p + c) ≤ this² pairs), and cached like any state; a single pass computes the causal half of its attention for nothing. 0: only a state too long to share a pass with its widest question is" }),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic").meta({ doc: "option-order debiasing: `cyclic` (extra presentations, averaged) or `off` (asked once, in the caller's order)" }),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
@@ -193,6 +195,7 @@ export type Config = Readonly<{
   mainWorkerNice: number;
   queueMax: number;
   maxPackedTokens: number;
+  stateChunkTokens: number;
   /** Prefix cache budget in bytes (ASSAY_PREFIX_CACHE_MB) and who may hit an entry. */
   prefixCache: { bytes: number; scope: "organization" | "shared" };
   debias: "off" | "cyclic";
@@ -257,6 +260,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
+    stateChunkTokens: e.ASSAY_STATE_CHUNK_TOKENS,
     prefixCache: { bytes: Math.round(e.ASSAY_PREFIX_CACHE_MB * 1024 * 1024), scope: e.ASSAY_PREFIX_CACHE_SCOPE },
     debias: e.ASSAY_DEBIAS,
     debiasMaxShifts: e.ASSAY_DEBIAS_MAX_SHIFTS,

@@ -61,6 +61,13 @@ export class Engine {
     readonly prefixes: PrefixCache = new PrefixCache(0, "organization"),
     /** Whether passes start from the preamble's keys and values (off: every pass computes its whole prefix; tests compare the two). */
     readonly pinPreamble = true,
+    /**
+     * A state longer than this many tokens is computed apart from its
+     * questions, in chunks of at most this many tokens' attention (stateChunks),
+     * even when it would fit one pass with them; 0: only a state too long to
+     * share a pass is (ASSAY_STATE_CHUNK_TOKENS).
+     */
+    readonly stateChunk = 0,
   ) {
     this.priors = new PriorCache(prefixes.scope);
   }
@@ -132,7 +139,16 @@ export class Engine {
    */
   private isLong(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): boolean {
     const idx = which ?? branches.map((_, i) => i);
-    return lb.build.manifest.kv !== undefined && idx.length > 0 && prefixLength + Math.max(...blocksOf(branches, idx).map((b) => blockCost(branches, b))) > limit;
+    if (lb.build.manifest.kv === undefined || idx.length === 0) return false;
+    // One pass computes all its state's rows against all its keys (the causal half masked, not skipped):
+    // in chunks, a long state costs about half the attention (bench/RESULTS.md, session 33).
+    if (this.stateChunk > 0 && prefixLength > LONG_STATE_CHUNKS * this.stateChunk) return true;
+    return prefixLength + Math.max(...blocksOf(branches, idx).map((b) => blockCost(branches, b))) > limit;
+  }
+
+  /** The chunk sizes of a long state's first `held` tokens: within the pass limit and, where set, the state chunk. */
+  private stateChunks(held: number, limit: number): number[] {
+    return prefillChunkSizes(held, this.stateChunk > 0 ? Math.min(limit, this.stateChunk) : limit);
   }
 
   /**
@@ -168,14 +184,14 @@ export class Engine {
       const read = readFinite(packed, (await this.infer(lb, packed, ctx, past)).logprobs);
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
-    return { lps, passes: passes.length + prefillChunkSizes(held, limit).length };
+    return { lps, passes: passes.length + this.stateChunks(held, limit).length };
   }
 
   /** Keys and values of `prefix`'s first `held` tokens, computed chunk by chunk, each chunk continuing the ones before. */
   private async prefillChunks(lb: LoadedBuild, prefix: number[], held: number, limit: number, ctx: ScoreContext): Promise<PrefixKv> {
     let past: PrefixKv | undefined;
     let start = 0;
-    for (const size of prefillChunkSizes(held, limit)) {
+    for (const size of this.stateChunks(held, limit)) {
       ctx.signal?.throwIfAborted();
       const end = start + size;
       // A chunk pass reads one throwaway branch (the next state token): the graph reads at least one.
@@ -276,7 +292,7 @@ export class Engine {
     const held = prefixLength - COMPUTED_PREFIX_TOKENS;
     let start = 0;
     return [
-      ...prefillChunkSizes(held, limit).map((c) => {
+      ...this.stateChunks(held, limit).map((c) => {
         const shape = withPast({ tokens: c + 1, prefix: c, branches: 1, width: 1 }, start);
         start += c;
         return { model, shape, prefill: true as const };
@@ -449,6 +465,14 @@ class Preambles {
  * row, exactly equal with two; bench/RESULTS.md, session 10).
  */
 export const COMPUTED_PREFIX_TOKENS = 2;
+
+/**
+ * A state is computed apart, in chunks, once it is longer than this many
+ * state chunks: below it, the chunks' saving in attention does not pay for
+ * the passes they add (at a chunk of 2,048 on the 1.5B: even at 3,100
+ * tokens, 1.07× at 4,100, 1.37× at 8,000; bench/RESULTS.md, session 33).
+ */
+export const LONG_STATE_CHUNKS = 2;
 
 /**
  * Chunk sizes that compute a long state's first `held` tokens: a chunk of c

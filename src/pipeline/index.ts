@@ -37,7 +37,7 @@ export class EnginePipeline implements Pipeline {
     readonly pool: InferencePool,
     readonly lifecycle: ModelLifecycle,
   ) {
-    this.engine = new Engine(pool, new PrefixCache(config.prefixCache.bytes, config.prefixCache.scope));
+    this.engine = new Engine(pool, new PrefixCache(config.prefixCache.bytes, config.prefixCache.scope), true, config.stateChunkTokens);
     this.families = {
       engine: this.engine,
       build: (name) => {

@@ -8,9 +8,20 @@
  * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { branchCost, COMPUTED_PREFIX_TOKENS, Engine, NEUTRAL_STATE, preambleIds, PrefixCache, type LoadedBuild, type ScoreContext } from "../../src/engine/index.js";
+import {
+  branchCost,
+  COMPUTED_PREFIX_TOKENS,
+  Engine,
+  LONG_STATE_CHUNKS,
+  NEUTRAL_STATE,
+  preambleIds,
+  prefillChunkSizes,
+  PrefixCache,
+  type LoadedBuild,
+  type ScoreContext,
+} from "../../src/engine/index.js";
 import type { PassShape } from "../../src/inference/cost.js";
-import { prepare } from "../../src/families/general.js";
+import { prepare, readBranches } from "../../src/families/general.js";
 import { encodeBranches, plannedPasses, scoreYesNo } from "../../src/families/yesno.js";
 import { factcheckClaim } from "../../src/prompt/families.js";
 import { buildPrefix } from "../../src/prompt/index.js";
@@ -299,6 +310,31 @@ describe("prefix cache", () => {
     expect(planned.filter((p) => p.prefill)).toEqual([]);
     expect(planned.every((p) => p.shape.past === prefix.length - COMPUTED_PREFIX_TOKENS)).toBe(true);
     expect(prefills("org-long-other")).toBeGreaterThan(1);
+  }, 120_000);
+
+  it("a state over two state chunks is computed apart from its questions, in the planned chunks, and reads what its one pass reads", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const prepared = prepare(lb, STATE, QUESTIONS);
+    const { prefix, encoded } = prepared;
+    const limit = 8192;
+    const chunk = 48;
+    expect(prefix.length).toBeGreaterThan(LONG_STATE_CHUNKS * chunk);
+    expect(prepared.packed.inputIds.length).toBeLessThan(limit);
+    // At 0, the state fits one pass with its questions and is read in it; with a chunk, apart.
+    expect(new Engine(pipeline.pool, undefined, true, 0).onePass(lb, prefix.length, encoded, limit)).toBe(true);
+    const chunked = new Engine(pipeline.pool, undefined, true, chunk);
+    expect(chunked.onePass(lb, prefix.length, encoded, limit)).toBe(false);
+    const planned = chunked.plan(lb, prefix.length, encoded, limit);
+    const prefills = planned.filter((p) => p.prefill);
+    expect(prefills.map((p) => p.shape.prefix)).toEqual(prefillChunkSizes(prefix.length - COMPUTED_PREFIX_TOKENS, chunk));
+    expect(prefills.length).toBeGreaterThan(2);
+    // Each chunk's attention within chunk² pairs, whatever the pass limit.
+    for (const p of prefills) expect(p.shape.prefix * ((p.shape.past ?? 0) + p.shape.prefix)).toBeLessThanOrEqual(chunk * chunk);
+    const long = await chunked.scoreMany(lb, prefix, encoded, limit, {});
+    expect(long.passes).toBe(planned.length);
+    expect(maxDiff(long.lps as number[][], await plain.run(lb, prepared.packed))).toBeLessThanOrEqual(TOL);
+    // The general family's reading takes the same path (its fast path is for one pass only).
+    expect(maxDiff(await readBranches(chunked, lb, prepared, limit, {}), long.lps as number[][])).toBe(0);
   }, 120_000);
 
   it("through the pipeline, a state longer than ASSAY_MAX_PACKED_TOKENS is answered as with a larger limit, and billed the same", async () => {
