@@ -246,8 +246,8 @@ program
   .command("long-state")
   .description("a long state read in chunks apart from its question (ASSAY_STATE_CHUNK_TOKENS) against one pass with it, same run")
   .option("--model <name>", "model name", "judge-latest")
-  .option("--state-tokens <list>", "state lengths in tokens", "2048,3072,4096,8000")
-  .option("--rounds <n>", "rounds per length (each a new state), sides alternating", int("--rounds"), 3)
+  .option("--state-tokens <list>", "state lengths in tokens (8,000 and up: the one-pass side may need over 20 GB)", "3072,4096,6000")
+  .option("--rounds <n>", "rounds per length (each a new state), sides alternating", int("--rounds"), 2)
   .option("--chunk <n>", "the state chunk (ASSAY_STATE_CHUNK_TOKENS) of the chunked side", int("--chunk"), 2048)
   .action(async (o: { model: string; stateTokens: string; rounds: number; chunk: number }) => {
     await longStateScenario({ ...o, stateTokens: o.stateTokens.split(",").map(Number) }, command());
