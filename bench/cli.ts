@@ -15,6 +15,7 @@ import { pack } from "../src/inference/pack.js";
 import { InvalidArgumentError } from "commander";
 import { batchScenario } from "./batch.js";
 import { longStateScenario } from "./long-state.js";
+import { PASS_MEMORY_CASES, passMemoryScenario, passMemorySide } from "./pass-memory.js";
 import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
@@ -251,6 +252,22 @@ program
   .option("--chunk <n>", "the state chunk (ASSAY_STATE_CHUNK_TOKENS) of the chunked side", int("--chunk"), 2048)
   .action(async (o: { model: string; stateTokens: string; rounds: number; chunk: number }) => {
     await longStateScenario({ ...o, stateTokens: o.stateTokens.split(",").map(Number) }, command());
+  });
+
+program
+  .command("pass-memory")
+  .description("the pair bound on a pass's attention (ASSAY_PASS_ATTENTION_MB) against none, each side in its own process: time, peak memory, answers")
+  .option("--cases <list>", `cases: ${Object.keys(PASS_MEMORY_CASES).join(",")}`, Object.keys(PASS_MEMORY_CASES).join(","))
+  .option("--mb <n>", "ASSAY_PASS_ATTENTION_MB of the bounded side", int("--mb"), 256)
+  .action(async (o: { cases: string; mb: number }) => {
+    await passMemoryScenario({ cases: o.cases.split(",").map((x) => x.trim()), mb: o.mb }, command());
+  });
+
+program
+  .command("pass-memory-side", { hidden: true })
+  .argument("<case>")
+  .action(async (name: string) => {
+    await passMemorySide(name);
   });
 
 await program.parseAsync(process.argv);

@@ -28,8 +28,8 @@ export async function longStateScenario(o: LongStateOptions, command: string): P
   const lb = pipeline.build(o.model);
   const limit = passLimit(lb, config.maxPackedTokens);
   // No prefix cache on either side: every round reads its state from scratch, as a first request does.
-  const onePass = new Engine(pipeline.pool, new PrefixCache(0, "organization"), true, 0);
-  const chunked = new Engine(pipeline.pool, new PrefixCache(0, "organization"), true, o.chunk);
+  const onePass = new Engine(pipeline.pool, new PrefixCache(0, "organization"), true, { stateChunk: 0 });
+  const chunked = new Engine(pipeline.pool, new PrefixCache(0, "organization"), true, { stateChunk: o.chunk });
   const rows: { state_tokens: number; one_pass_ms: number; chunked_ms: number; one_over_chunked: number | null; max_abs_dlp: number }[] = [];
   try {
     for (const tokens of o.stateTokens) {

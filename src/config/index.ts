@@ -72,6 +72,8 @@ const Env = z.object({
   ASSAY_MAX_PACKED_TOKENS: z.coerce.number().int().min(64).default(8192).meta({ doc: "longest packed sequence per forward pass; a longer request is read in several passes over the same state, and a state too long to share a pass with its widest question is computed alone in chunks (attention within limit² pairs per pass; builds of export format v3). 422 only when the state and one question exceed the model's context (a v2 build: this limit)" }),
   /** A state above twice this is computed apart from its questions in chunks of this many tokens' attention (Engine.stateChunk). */
   ASSAY_STATE_CHUNK_TOKENS: z.coerce.number().int().min(0).default(2048).meta({ doc: "a state longer than twice this (on builds of export format v3) is computed apart from its questions, in chunks of at most this many tokens' attention (c·(p + c) ≤ this² pairs), and cached like any state; a single pass computes the causal half of its attention for nothing. 0: only a state too long to share a pass with its widest question is" }),
+  /** The most memory one pass's attention scores take per layer (Engine.maxPairs). */
+  ASSAY_PASS_ATTENTION_MB: z.coerce.number().min(0).default(256).meta({ doc: "the most memory one pass's attention scores may take per layer (heads × rows × keys × 4 bytes; builds of export format v3): a request's passes are planned within it, and a state whose own scores would exceed it is computed in chunks. onnxruntime keeps the largest buffers a worker has built for the worker's life, so this, not the largest request ever sent, sets the workers' working memory (about 7× it per busy worker). 0: only `ASSAY_MAX_PACKED_TOKENS` bounds a pass (up to 3 GB per score tensor at 8,192 tokens)" }),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic").meta({ doc: "option-order debiasing: `cyclic` (extra presentations, averaged) or `off` (asked once, in the caller's order)" }),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
@@ -196,6 +198,8 @@ export type Config = Readonly<{
   queueMax: number;
   maxPackedTokens: number;
   stateChunkTokens: number;
+  /** ASSAY_PASS_ATTENTION_MB in bytes. */
+  passAttentionBytes: number;
   /** Prefix cache budget in bytes (ASSAY_PREFIX_CACHE_MB) and who may hit an entry. */
   prefixCache: { bytes: number; scope: "organization" | "shared" };
   debias: "off" | "cyclic";
@@ -261,6 +265,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     queueMax: e.ASSAY_QUEUE_MAX,
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     stateChunkTokens: e.ASSAY_STATE_CHUNK_TOKENS,
+    passAttentionBytes: Math.round(e.ASSAY_PASS_ATTENTION_MB * 1024 * 1024),
     prefixCache: { bytes: Math.round(e.ASSAY_PREFIX_CACHE_MB * 1024 * 1024), scope: e.ASSAY_PREFIX_CACHE_SCOPE },
     debias: e.ASSAY_DEBIAS,
     debiasMaxShifts: e.ASSAY_DEBIAS_MAX_SHIFTS,

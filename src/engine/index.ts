@@ -61,15 +61,44 @@ export class Engine {
     readonly prefixes: PrefixCache = new PrefixCache(0, "organization"),
     /** Whether passes start from the preamble's keys and values (off: every pass computes its whole prefix; tests compare the two). */
     readonly pinPreamble = true,
-    /**
-     * A state longer than this many tokens is computed apart from its
-     * questions, in chunks of at most this many tokens' attention (stateChunks),
-     * even when it would fit one pass with them; 0: only a state too long to
-     * share a pass is (ASSAY_STATE_CHUNK_TOKENS).
-     */
-    readonly stateChunk = 0,
+    opts: {
+      /**
+       * A state longer than twice this many tokens is computed apart from its
+       * questions, in chunks of at most this many tokens' attention
+       * (stateChunks), even when it would fit one pass with them; 0: only a
+       * state too long to share a pass is (ASSAY_STATE_CHUNK_TOKENS).
+       */
+      stateChunk?: number;
+      /**
+       * The most bytes one pass's attention scores may take per layer
+       * (maxPairs); 0: bounded by the pass limit alone (ASSAY_PASS_ATTENTION_MB).
+       */
+      attentionBytes?: number;
+    } = {},
   ) {
     this.priors = new PriorCache(prefixes.scope);
+    this.stateChunk = opts.stateChunk ?? 0;
+    this.attentionBytes = opts.attentionBytes ?? 0;
+  }
+
+  readonly stateChunk: number;
+  readonly attentionBytes: number;
+
+  /**
+   * The most query–key pairs one pass of `lb` may hold at once: its score
+   * tensor is [heads, rows, keys] float32 per layer, and onnxruntime's arena
+   * keeps the largest it has built for the life of the worker, so the biggest
+   * pass a server ever ran sets its memory from then on (an 8,000-token pass:
+   * 3 GB per operator; bench/RESULTS.md, session 34). Only builds that take
+   * past keys and values are bounded: their later passes continue the state
+   * instead of computing it again, so a smaller pass costs one more reading of
+   * the weights, not another prefill.
+   */
+  private maxPairs(lb: LoadedBuild): number {
+    const kv = lb.build.manifest.kv;
+    if (!kv || this.attentionBytes <= 0) return Infinity;
+    const heads = lb.build.manifest.hidden_size / kv.head_dim;
+    return Math.max(1, Math.floor(this.attentionBytes / (4 * heads)));
   }
 
   /**
@@ -121,7 +150,7 @@ export class Engine {
   ): Promise<{ lps: (number[] | undefined)[]; passes: number }> {
     if (this.isLong(lb, prefix.length, branches, limit, which)) return this.scoreLong(lb, prefix, branches, limit, ctx, which);
     const lps = new Array<number[] | undefined>(branches.length);
-    const passes = passesOf(prefix.length, branches, limit, which, this.splitsWidths(lb, prefix.length));
+    const passes = passesOf(prefix.length, branches, limit, which, this.splitsWidths(lb, prefix.length), this.maxPairs(lb));
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
       // the queued one was dropped and the running one cut loose by the pool.
@@ -143,12 +172,15 @@ export class Engine {
     // One pass computes all its state's rows against all its keys (the causal half masked, not skipped):
     // in chunks, a long state costs about half the attention (bench/RESULTS.md, session 33).
     if (this.stateChunk > 0 && prefixLength > LONG_STATE_CHUNKS * this.stateChunk) return true;
+    // The state's own scores are [state × state] in one pass: past the pair bound it is computed in chunks.
+    if (prefixLength * prefixLength > this.maxPairs(lb)) return true;
     return prefixLength + Math.max(...blocksOf(branches, idx).map((b) => blockCost(branches, b))) > limit;
   }
 
-  /** The chunk sizes of a long state's first `held` tokens: within the pass limit and, where set, the state chunk. */
-  private stateChunks(held: number, limit: number): number[] {
-    return prefillChunkSizes(held, this.stateChunk > 0 ? Math.min(limit, this.stateChunk) : limit);
+  /** The chunk sizes of a long state's first `held` tokens: within the pass limit, the pair bound and, where set, the state chunk. */
+  private stateChunks(lb: LoadedBuild, held: number, limit: number): number[] {
+    const side = Math.min(limit, Math.floor(Math.sqrt(this.maxPairs(lb))), this.stateChunk > 0 ? this.stateChunk : Infinity);
+    return prefillChunkSizes(held, Math.max(side, COMPUTED_PREFIX_TOKENS + 1));
   }
 
   /**
@@ -177,21 +209,21 @@ export class Engine {
       this.prefixes.set(build, ctx.orgId, ids, past);
     }
     const lps = new Array<number[] | undefined>(branches.length);
-    const passes = longPassesOf(held, branches, limit, which);
+    const passes = longPassesOf(held, branches, limit, which, this.maxPairs(lb));
     for (const pass of passes) {
       ctx.signal?.throwIfAborted();
       const packed = continuePacked(pack(prefix, pass.map((i) => branches[i]!)), held);
       const read = readFinite(packed, (await this.infer(lb, packed, ctx, past)).logprobs);
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
-    return { lps, passes: passes.length + this.stateChunks(held, limit).length };
+    return { lps, passes: passes.length + this.stateChunks(lb, held, limit).length };
   }
 
   /** Keys and values of `prefix`'s first `held` tokens, computed chunk by chunk, each chunk continuing the ones before. */
   private async prefillChunks(lb: LoadedBuild, prefix: number[], held: number, limit: number, ctx: ScoreContext): Promise<PrefixKv> {
     let past: PrefixKv | undefined;
     let start = 0;
-    for (const size of this.stateChunks(held, limit)) {
+    for (const size of this.stateChunks(lb, held, limit)) {
       ctx.signal?.throwIfAborted();
       const end = start + size;
       // A chunk pass reads one throwaway branch (the next state token): the graph reads at least one.
@@ -257,7 +289,7 @@ export class Engine {
     let ms = 0;
     let tokens = 0;
     // No prefix cache here: a narrow block in a pass of its own would pay the prefix again.
-    for (const pass of passesOf(prefix.length, branches, limit, undefined, false)) {
+    for (const pass of passesOf(prefix.length, branches, limit, undefined, false, this.maxPairs(lb))) {
       const packed = pack(prefix, pass.map((i) => branches[i]!));
       const { logprobs, runMs } = await this.infer(lb, packed, {});
       ms += runMs;
@@ -269,7 +301,7 @@ export class Engine {
 
   /** Whether `scoreMany` would read these branches in one pass (then the request's own packed pass is the fast path). */
   onePass(lb: LoadedBuild, prefixLength: number, branches: readonly EncodedQuestion[], limit: number): boolean {
-    return !this.isLong(lb, prefixLength, branches, limit) && passesOf(prefixLength, branches, limit, undefined, this.splitsWidths(lb, prefixLength)).length === 1;
+    return !this.isLong(lb, prefixLength, branches, limit) && passesOf(prefixLength, branches, limit, undefined, this.splitsWidths(lb, prefixLength), this.maxPairs(lb)).length === 1;
   }
 
   /**
@@ -287,17 +319,17 @@ export class Engine {
     // The shape as the pass will be packed (label tries shared), not the bound that groups the blocks.
     const shapeOfPass = (prefix: number, pass: number[], past = 0) => ({ model, shape: withPast(packedShape(prefix, pass.map((i) => branches[i]!)), past) });
     if (!this.isLong(lb, prefixLength, branches, limit, which))
-      return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength)).map((pass) => shapeOfPass(prefixLength, pass));
+      return passesOf(prefixLength, branches, limit, which, this.splitsWidths(lb, prefixLength), this.maxPairs(lb)).map((pass) => shapeOfPass(prefixLength, pass));
     // The chunks of the state, each continuing the ones before, then branch passes carrying its last tokens and attending to the rest.
     const held = prefixLength - COMPUTED_PREFIX_TOKENS;
     let start = 0;
     return [
-      ...this.stateChunks(held, limit).map((c) => {
+      ...this.stateChunks(lb, held, limit).map((c) => {
         const shape = withPast({ tokens: c + 1, prefix: c, branches: 1, width: 1 }, start);
         start += c;
         return { model, shape, prefill: true as const };
       }),
-      ...longPassesOf(held, branches, limit, which).map((pass) => shapeOfPass(COMPUTED_PREFIX_TOKENS, pass, held)),
+      ...longPassesOf(held, branches, limit, which, this.maxPairs(lb)).map((pass) => shapeOfPass(COMPUTED_PREFIX_TOKENS, pass, held)),
     ];
   }
 
@@ -489,10 +521,15 @@ export function prefillChunkSizes(held: number, limit: number): number[] {
   return sizes;
 }
 
-/** Branch passes against a long state of `held` computed tokens: padded branch tokens t with t·(held + t) within limit². */
-function longPassesOf(held: number, branches: readonly EncodedQuestion[], limit: number, which?: readonly number[]): number[][] {
+/**
+ * Branch passes against a long state of `held` computed tokens: padded
+ * branch tokens t with t·(held + t) within limit², and each pass's branch
+ * scores within `maxPairs`.
+ */
+function longPassesOf(held: number, branches: readonly EncodedQuestion[], limit: number, which: readonly number[] | undefined, maxPairs: number): number[][] {
   // Every pass continues the state's keys and values: narrow blocks cost a pass of their own nothing more.
-  return passesOf(COMPUTED_PREFIX_TOKENS, branches, Math.min(limit, Math.max(pairsRoom(held, limit), COMPUTED_PREFIX_TOKENS)), which, true);
+  const room = Math.min(limit, Math.max(pairsRoom(held, limit), COMPUTED_PREFIX_TOKENS));
+  return passesOf(COMPUTED_PREFIX_TOKENS, branches, room, which, true, maxPairs, held);
 }
 
 /** The most tokens t that can follow p computed ones with t·(p + t) ≤ limit² attention pairs. */
@@ -541,18 +578,29 @@ export const MIN_SPLIT_PAIRS = 70_000;
  * MIN_SPLIT_PAIRS): a 4-option question's shared block among 30 statements'
  * made the request 1.24× slower in one pass (bench/RESULTS.md session 19).
  */
-export function planPasses(prefixLength: number, costs: readonly number[], limit: number, splitWidths = false): number[][] {
+export function planPasses(
+  prefixLength: number,
+  costs: readonly number[],
+  limit: number,
+  splitWidths = false,
+  /** The most branch score pairs a pass may hold (blocks × longest × keys): a block wider than that goes alone. */
+  maxPairs = Infinity,
+  /** Keys and values every pass continues before its prefix (a long state's). */
+  past = 0,
+): number[][] {
   const order = costs.map((_, i) => i).sort((a, b) => costs[b]! - costs[a]!);
   const passes: number[][] = [];
   let cur: number[] = [];
   let longest = 0;
+  // Blocks a pass padded to `longest` holds: within the token limit and the pair bound.
+  const room = () => Math.min(Math.floor((limit - prefixLength) / longest), Math.floor(maxPairs / (longest * (past + prefixLength + longest))));
   // Padded pairs saved by starting a new pass at the n-th block: it and the narrower blocks after it that would still fit.
   const saved = (n: number) => {
-    const joining = Math.min(order.length - n, Math.floor((limit - prefixLength) / longest) - cur.length);
-    return joining * (longest - costs[order[n]!]!) * (prefixLength + longest);
+    const joining = Math.min(order.length - n, room() - cur.length);
+    return joining * (longest - costs[order[n]!]!) * (past + prefixLength + longest);
   };
   for (const [n, i] of order.entries()) {
-    const full = prefixLength + (cur.length + 1) * longest > limit;
+    const full = cur.length + 1 > room();
     if (cur.length > 0 && (full || (splitWidths && costs[i]! <= SPLIT_WIDTH * longest && saved(n) >= MIN_SPLIT_PAIRS))) {
       passes.push(cur);
       cur = [];
@@ -570,7 +618,15 @@ function blockCost(branches: readonly EncodedQuestion[], b: Block): number {
 }
 
 /** `planPasses` over the blocks of the branches named by `which` (all when omitted), as branch indices. */
-function passesOf(prefixLength: number, branches: readonly EncodedQuestion[], limit: number, which: readonly number[] | undefined, splitWidths: boolean): number[][] {
+function passesOf(
+  prefixLength: number,
+  branches: readonly EncodedQuestion[],
+  limit: number,
+  which: readonly number[] | undefined,
+  splitWidths: boolean,
+  maxPairs = Infinity,
+  past = 0,
+): number[][] {
   const blocks = blocksOf(branches, which);
-  return planPasses(prefixLength, blocks.map((b) => blockCost(branches, b)), limit, splitWidths).map((pass) => pass.flatMap((j) => blocks[j]!.members));
+  return planPasses(prefixLength, blocks.map((b) => blockCost(branches, b)), limit, splitWidths, maxPairs, past).map((pass) => pass.flatMap((j) => blocks[j]!.members));
 }

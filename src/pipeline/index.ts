@@ -37,7 +37,10 @@ export class EnginePipeline implements Pipeline {
     readonly pool: InferencePool,
     readonly lifecycle: ModelLifecycle,
   ) {
-    this.engine = new Engine(pool, new PrefixCache(config.prefixCache.bytes, config.prefixCache.scope), true, config.stateChunkTokens);
+    this.engine = new Engine(pool, new PrefixCache(config.prefixCache.bytes, config.prefixCache.scope), true, {
+      stateChunk: config.stateChunkTokens,
+      attentionBytes: config.passAttentionBytes,
+    });
     this.families = {
       engine: this.engine,
       build: (name) => {

@@ -321,8 +321,8 @@ describe("prefix cache", () => {
     expect(prefix.length).toBeGreaterThan(LONG_STATE_CHUNKS * chunk);
     expect(prepared.packed.inputIds.length).toBeLessThan(limit);
     // At 0, the state fits one pass with its questions and is read in it; with a chunk, apart.
-    expect(new Engine(pipeline.pool, undefined, true, 0).onePass(lb, prefix.length, encoded, limit)).toBe(true);
-    const chunked = new Engine(pipeline.pool, undefined, true, chunk);
+    expect(new Engine(pipeline.pool, undefined, true, { stateChunk: 0 }).onePass(lb, prefix.length, encoded, limit)).toBe(true);
+    const chunked = new Engine(pipeline.pool, undefined, true, { stateChunk: chunk });
     expect(chunked.onePass(lb, prefix.length, encoded, limit)).toBe(false);
     const planned = chunked.plan(lb, prefix.length, encoded, limit);
     const prefills = planned.filter((p) => p.prefill);
@@ -335,6 +335,41 @@ describe("prefix cache", () => {
     expect(maxDiff(long.lps as number[][], await plain.run(lb, prepared.packed))).toBeLessThanOrEqual(TOL);
     // The general family's reading takes the same path (its fast path is for one pass only).
     expect(maxDiff(await readBranches(chunked, lb, prepared, limit, {}), long.lps as number[][])).toBe(0);
+  }, 120_000);
+
+  it("with a pair bound, every pass holds at most that many scores per layer (a block wider than it alone), and the readings are the one pass's", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const prepared = prepare(lb, STATE, QUESTIONS);
+    const { prefix, encoded } = prepared;
+    const limit = 8192;
+    const kv = lb.build.manifest.kv!;
+    const heads = lb.build.manifest.hidden_size / kv.head_dim;
+    expect(new Engine(pipeline.pool, undefined, true).onePass(lb, prefix.length, encoded, limit)).toBe(true);
+    const one = await plain.run(lb, prepared.packed);
+    const scores = (s: PassShape) => {
+      const keys = (s.past ?? 0) + s.prefix;
+      return { state: s.prefix * keys, branches: s.branches * s.width * (keys + s.width) };
+    };
+    // Under the state's own scores (prefix²): the state in chunks, then its blocks; over them: one pass
+    // with the state, the blocks in as many passes as the bound calls for, some sharing a pass.
+    for (const [share, chunked] of [
+      [0.9, true],
+      [1.5, false],
+    ] as const) {
+      const pairs = Math.floor(share * prefix.length * prefix.length);
+      const bounded = new Engine(pipeline.pool, undefined, true, { attentionBytes: pairs * 4 * heads });
+      expect(bounded.onePass(lb, prefix.length, encoded, limit)).toBe(false);
+      const planned = bounded.plan(lb, prefix.length, encoded, limit);
+      expect(planned.filter((p) => p.prefill).length > 1).toBe(chunked);
+      if (!chunked) expect(planned.some((p) => p.shape.branches > 1)).toBe(true);
+      for (const { shape } of planned) {
+        expect(scores(shape).state).toBeLessThanOrEqual(pairs);
+        if (shape.branches > 1) expect(scores(shape).branches).toBeLessThanOrEqual(pairs);
+      }
+      const read = await bounded.scoreMany(lb, prefix, encoded, limit, {});
+      expect(read.passes).toBe(planned.length);
+      expect(maxDiff(read.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+    }
   }, 120_000);
 
   it("through the pipeline, a state longer than ASSAY_MAX_PACKED_TOKENS is answered as with a larger limit, and billed the same", async () => {

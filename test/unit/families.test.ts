@@ -193,6 +193,21 @@ describe("packing and chunking", () => {
     expect(planPasses(800, [1000, 900], 8192, true)).toEqual([[0], [1]]);
     expect(planPasses(100, [40, 36], 8192, true)).toEqual([[0, 1]]);
   });
+  it("with a pair bound, each pass's padded branch scores stay within it; a block wider than the bound goes alone", () => {
+    const costs = [548, 546, 547, 540, 30];
+    // 4,045 keys of state before every pass: two 548-wide blocks hold 2 × 548 × 4,593 = 5.03M pairs.
+    const bound = 4_800_000;
+    const passes = planPasses(2, costs, 8192, true, bound, 4045);
+    for (const p of passes) {
+      const w = Math.max(...p.map((i) => costs[i]!));
+      if (p.length > 1) expect(p.length * w * (4045 + 2 + w)).toBeLessThanOrEqual(bound);
+    }
+    expect(passes).toEqual([[0], [2], [1], [3], [4]]);
+    // Without it, the token limit alone: the four wide blocks in one pass (the narrow one apart: its padding is worth a pass).
+    expect(planPasses(2, costs, 8192, true, Infinity, 4045)).toEqual([[0, 2, 1, 3], [4]]);
+    // A block over the bound by itself still runs, in a pass of its own.
+    expect(planPasses(100, [3000, 20, 20], 8192, false, 1_000_000)).toEqual([[0], [1, 2]]);
+  });
   it("covers a long document with overlapping chunks and never cuts it", () => {
     expect(chunkRanges(100, 2048, 256)).toEqual([[0, 100]]);
     const r = chunkRanges(5000, 2048, 256);
