@@ -66,6 +66,10 @@ export const PASS_MEMORY_CASES: Record<string, Case> = {
     what: "`vendor/judge-9B` (0.5B): a 6,000-token state, 16 choice questions of 8 options (a long state: chunks, then branch passes against it)",
     envelope: (p) => ({ model: "vendor/judge-9B", state: stateOf(p.build("vendor/judge-9B"), 6000), questions: choiceQuestions(16, 8) }) as RequestEnvelope,
   },
+  "many-512": {
+    what: "`vendor/judge-9B` (0.5B): issue 16's large request, 64 choice questions of 8 options on a 512-token state (over the pass limit: the blocks in several passes against the cached state)",
+    envelope: (p) => ({ model: "vendor/judge-9B", state: stateOf(p.build("vendor/judge-9B"), 512), questions: choiceQuestions(64, 8) }) as RequestEnvelope,
+  },
   "codesearch-dev": {
     what: "`judge-codegrep-lite` (0.5B): the largest dev code search row, 30 items",
     envelope: codeSearch("judge-codegrep-lite"),
