@@ -90,9 +90,11 @@ export class Engine {
    * keeps the largest it has built for the life of the worker, so the biggest
    * pass a server ever ran sets its memory from then on (an 8,000-token pass:
    * 3 GB per operator; bench/RESULTS.md, session 34). Only builds that take
-   * past keys and values are bounded: their later passes continue the state
-   * instead of computing it again, so a smaller pass costs one more reading of
-   * the weights, not another prefill.
+   * past keys and values are bounded: with the prefix cache on, or a state
+   * long enough for the long path, their later passes continue the state, so
+   * a smaller pass costs one more reading of the weights, not another prefill
+   * (with the cache off, a request the bound splits pays the state per pass, as
+   * one the token limit splits does).
    */
   private maxPairs(lb: LoadedBuild): number {
     const kv = lb.build.manifest.kv;
