@@ -90,11 +90,10 @@ export class Engine {
    * keeps the largest it has built for the life of the worker, so the biggest
    * pass a server ever ran sets its memory from then on (an 8,000-token pass:
    * 3 GB per operator; bench/RESULTS.md, session 34). Only builds that take
-   * past keys and values are bounded: with the prefix cache on, or a state
-   * long enough for the long path, their later passes continue the state, so
-   * a smaller pass costs one more reading of the weights, not another prefill
-   * (with the cache off, a request the bound splits pays the state per pass, as
-   * one the token limit splits does).
+   * past keys and values are bounded: their later passes continue the state
+   * (from the prefix cache, or carried from the request's first pass with the
+   * cache off), so a smaller pass costs one more reading of the weights, not
+   * another prefill.
    */
   private maxPairs(lb: LoadedBuild): number {
     const kv = lb.build.manifest.kv;
@@ -132,11 +131,6 @@ export class Engine {
     return readFinite(packed, (await this.infer(lb, packed, ctx)).logprobs);
   }
 
-  /** `prefix` + `branches` in one pass. */
-  score(lb: LoadedBuild, prefix: number[], branches: EncodedQuestion[], ctx: ScoreContext = {}): Promise<number[][]> {
-    return this.run(lb, pack(prefix, branches), ctx);
-  }
-
   /**
    * The branches named by `which` (all when omitted) against one prefix, in as
    * few passes as `limit` allows (planPasses). Readings come back in input
@@ -153,11 +147,14 @@ export class Engine {
     if (this.isLong(lb, prefix.length, branches, limit, which)) return this.scoreLong(lb, prefix, branches, limit, ctx, which);
     const lps = new Array<number[] | undefined>(branches.length);
     const passes = passesOf(prefix.length, branches, limit, which, this.splitsWidths(lb, prefix.length), this.maxPairs(lb));
+    // The state's keys and values, held for this request's later passes: with the cache off, or its entry evicted mid-request.
+    const carry: Carry = {};
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
       // the queued one was dropped and the running one cut loose by the pool.
       ctx.signal?.throwIfAborted();
-      const read = await this.score(lb, prefix, pass.map((i) => branches[i]!), ctx);
+      const packed = pack(prefix, pass.map((i) => branches[i]!));
+      const read = readFinite(packed, (await this.infer(lb, packed, ctx, undefined, 0, passes.length > 1 ? carry : undefined)).logprobs);
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
     return { lps, passes: passes.length };
@@ -309,10 +306,13 @@ export class Engine {
   /**
    * Whether a request's narrow blocks go to a pass of their own rather than
    * padded to its widest block: where a later pass continues the state's keys
-   * and values from the prefix cache instead of computing it again.
+   * and values from the prefix cache instead of computing it again. (With the
+   * cache off a request's later passes carry its state too, but a request that
+   * fits one pass is kept whole there: the split was measured with the cache
+   * on only, bench/RESULTS.md, session 22.)
    */
   private splitsWidths(lb: LoadedBuild, prefixLength: number): boolean {
-    return lb.build.manifest.kv !== undefined && this.prefixes.enabled && prefixLength - COMPUTED_PREFIX_TOKENS >= MIN_CACHED_TOKENS;
+    return this.prefixes.enabled && carries(lb, prefixLength);
   }
 
   /** The passes `scoreMany` will run, as shapes for admission: grouped as it groups them (by `branchCost`, a bound on a block), each shaped as it will be packed. */
@@ -402,7 +402,8 @@ export class Engine {
     return shapes.map((s) => {
       if (s.prefix !== prefix.length) return s;
       const computed = first;
-      if (caching) first = COMPUTED_PREFIX_TOKENS;
+      // Cached or carried (scoreMany), a request's later passes continue its first's keys and values.
+      if (carries(lb, prefix.length)) first = COMPUTED_PREFIX_TOKENS;
       // What the caches hold is not computed again, but every row of the pass still attends to it.
       return withPast({ ...s, tokens: s.tokens - s.prefix + computed, prefix: computed }, s.prefix - computed);
     });
@@ -431,6 +432,8 @@ export class Engine {
     /** Given: the pass already continues these keys and values (a long state's); no lookup. */
     given?: PrefixKv,
     keep = 0,
+    /** One request's passes over the same prefix: the first keeps its keys and values here, later ones continue them when the cache does not hold them. */
+    carry?: Carry,
   ): Promise<{ logprobs: Float32Array; runMs: number; present?: PrefixKv }> {
     const q0 = performance.now();
     const kv = lb.build.manifest.kv;
@@ -444,19 +447,25 @@ export class Engine {
     } else {
       const build = lb.build.manifest.build_hash;
       const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
+      const keeping = held >= MIN_CACHED_TOKENS && (caching || carry !== undefined);
       const prefix = packed.inputIds.subarray(0, held);
-      const past = caching ? this.prefixes.get(build, ctx.orgId, prefix) : undefined;
+      const cached = caching ? this.prefixes.get(build, ctx.orgId, prefix) : undefined;
+      const past = cached ?? (keeping ? carry?.past : undefined);
       const opening = past ? undefined : await this.preambleOf(lb, packed, ctx);
       if (past) {
         out = await this.pool.infer(lb.build.onnxPath, continuePacked(packed, held), ctx.signal, { layout, past, keep: 0 });
-        ctx.timings?.cached?.(held);
+        // The header counts what the cache gave; a carried state is this request's own first pass.
+        if (cached) ctx.timings?.cached?.(held);
       } else {
-        const keep = caching ? held : 0;
+        const keep = keeping ? held : 0;
         out = opening
           ? await this.pool.infer(lb.build.onnxPath, continuePacked(packed, opening.tokens), ctx.signal, { layout, past: opening, keep })
           : await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, keep });
         if (opening) metrics.preambleTokensSaved.inc(opening.tokens);
-        if (caching && out.present) this.prefixes.set(build, ctx.orgId, prefix, out.present);
+        if (keeping && out.present) {
+          if (caching) this.prefixes.set(build, ctx.orgId, prefix, out.present);
+          if (carry) carry.past = out.present;
+        }
       }
     }
     ctx.timings?.add("inference", out.runMs);
@@ -499,6 +508,20 @@ class Preambles {
  * row, exactly equal with two; bench/RESULTS.md, session 10).
  */
 export const COMPUTED_PREFIX_TOKENS = 2;
+
+/** A request's own copy of its state's keys and values, set by its first pass over them (Engine.infer). */
+interface Carry {
+  past?: PrefixKv;
+}
+
+/**
+ * Whether a prefix's keys and values outlive its pass (the prefix cache, or a
+ * request's carry): a build that takes past keys and values, and a state worth
+ * keeping (MIN_CACHED_TOKENS).
+ */
+function carries(lb: LoadedBuild, prefixLength: number): boolean {
+  return lb.build.manifest.kv !== undefined && prefixLength - COMPUTED_PREFIX_TOKENS >= MIN_CACHED_TOKENS;
+}
 
 /**
  * A state is computed apart, in chunks, once it is longer than this many

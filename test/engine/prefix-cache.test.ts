@@ -7,7 +7,7 @@
  *
  * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
  */
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {
   branchCost,
   COMPUTED_PREFIX_TOKENS,
@@ -21,6 +21,7 @@ import {
   type ScoreContext,
 } from "../../src/engine/index.js";
 import type { PassShape } from "../../src/inference/cost.js";
+import type { PackedRequest } from "../../src/inference/pack.js";
 import { prepare, readBranches } from "../../src/families/general.js";
 import { encodeBranches, plannedPasses, scoreYesNo } from "../../src/families/yesno.js";
 import { factcheckClaim } from "../../src/prompt/families.js";
@@ -260,6 +261,43 @@ describe("prefix cache", () => {
     expect(c.timings.cachedPrefixTokens).toBe((many.passes - 1) * (prefix.length - COMPUTED_PREFIX_TOKENS));
     const one = await plain.run(lb, prepared.packed);
     expect(maxDiff(many.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+  }, 120_000);
+
+  it("with the cache off, a request read in several passes still computes its state once (carried from its first pass), as planned, and reads as in one pass", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const prepared = prepare(lb, STATE, QUESTIONS);
+    const { prefix, encoded } = prepared;
+    const limit = prefix.length + Math.max(...prepared.questions.map((q) => q.blocks.reduce((s, b) => s + branchCost(encoded[b]!), 0)));
+    const held = prefix.length - COMPUTED_PREFIX_TOKENS;
+    const off = new Engine(pipeline.pool);
+    expect(off.prefixes.enabled).toBe(false);
+    // Every pass as the pool runs it (the spy calls the real pool through): the state tokens it computes, past what it continues.
+    const ran: { from: number; to: number }[] = [];
+    const infer = pipeline.pool.infer.bind(pipeline.pool);
+    const spy = vi.spyOn(pipeline.pool, "infer").mockImplementation((model, packed, signal, kv) => {
+      const from = kv?.past?.tokens ?? 0;
+      ran.push({ from, to: from + (packed as PackedRequest).prefixLength });
+      return infer(model, packed, signal, kv);
+    });
+    try {
+      const c = ctx("org-carry");
+      const many = await off.scoreMany(lb, prefix, encoded, limit, c);
+      expect(many.passes).toBeGreaterThan(2);
+      // The request's passes (after the preamble's own, on this fresh engine): the first computes the state, the rest continue it.
+      const passes = ran.slice(-many.passes);
+      expect(passes[0]!.to).toBe(prefix.length);
+      expect(passes[0]!.from).toBeLessThan(held);
+      for (const p of passes.slice(1)) expect(p).toEqual({ from: held, to: prefix.length });
+      // Nothing came from the cache (the header counts the cache's tokens only).
+      expect(c.timings.cachedPrefixTokens).toBe(0);
+      const planned = off.planAsRun(lb, prefix, encoded, limit);
+      expect(planned).toHaveLength(many.passes);
+      for (const { shape } of planned.slice(1)) expect({ prefix: shape.prefix, past: shape.past }).toEqual({ prefix: COMPUTED_PREFIX_TOKENS, past: held });
+      const one = await plain.run(lb, prepared.packed);
+      expect(maxDiff(many.lps as number[][], one)).toBeLessThanOrEqual(TOL);
+    } finally {
+      spy.mockRestore();
+    }
   }, 120_000);
 
   it("fact check and code search read through the same cache: a second batch of claims, a second question on the same items", async () => {
