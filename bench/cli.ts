@@ -236,9 +236,10 @@ program
   .option("--rounds <n>", "second-request rounds (each on a new state)", int("--rounds"), 3)
   .option("--cold-requests <n>", "primary-cell rounds, cache missing vs no cache", int("--cold-requests"), 10)
   .option("--big-questions <n>", "questions of the large request", int("--big-questions"), 64)
-  .option("--big-options <n>", "options per question of the large request", int("--big-options"), 8)
+  .option("--big-options <n>", "options per question of the large request (and of the carry request)", int("--big-options"), 8)
+  .option("--carry-questions <n>", "questions of the carry request (on a --state-tokens state)", int("--carry-questions"), 12)
   .option("--cache-mb <n>", "ASSAY_PREFIX_CACHE_MB for the run", int("--cache-mb"), 1024)
-  .option("--parts <list>", "second,cold,large,answers (answers: the large request against each question alone)", "second,cold,large,answers")
+  .option("--parts <list>", "second,cold,large,answers (answers: the large request against each question alone); carry (opt-in: a split request with the cache off)", "second,cold,large,answers")
   .action(async (o: Omit<PrefixOptions, "parts"> & { parts: string }) => {
     await prefixScenario({ ...o, parts: o.parts.split(",").map((x) => x.trim()) });
   });

@@ -11,11 +11,14 @@
  *                   limit): its time against one prefill of the state plus its
  *                   branches read against the cached state, and its answers against
  *                   each question asked alone
+ *   carry (opt-in)  with the cache off, a request split into passes: against the
+ *                   same request with a cache that only its own passes hit (the
+ *                   later passes carry the first's state either way)
  *
  * Memory: the process RSS and the cache's bytes at the end.
  */
 import os from "node:os";
-import { Engine, passLimit, type LoadedBuild } from "../src/engine/index.js";
+import { Engine, passLimit, PrefixCache, type LoadedBuild } from "../src/engine/index.js";
 import { loadConfig } from "../src/config/index.js";
 import { prepare, readBranches } from "../src/families/general.js";
 import { pack } from "../src/inference/pack.js";
@@ -33,8 +36,10 @@ export interface PrefixOptions {
   coldRequests: number;
   bigQuestions: number;
   bigOptions: number;
+  /** Questions of the carry request (`bigOptions` options each, on a `stateTokens` state). */
+  carryQuestions: number;
   cacheMb: number;
-  /** Which measurements to run: second, cold, large, answers (the large request's answers against each question alone). */
+  /** Which measurements to run: second, cold, large, answers (the large request's answers against each question alone), carry (opt-in). */
   parts: string[];
 }
 
@@ -223,6 +228,43 @@ export async function prefixScenario(o: PrefixOptions): Promise<void> {
       "",
     );
     }
+    // 4. A request split into passes, with the cache off: its later passes carry the state (opt-in: --parts carry).
+    if (o.parts.includes("carry")) {
+      log(`prefix: carry, ${o.carryQuestions} × ${o.bigOptions} on ${o.stateTokens} tokens, ${o.rounds} rounds`);
+      const qs = choiceQuestions(o.carryQuestions, o.bigOptions);
+      const off = new Engine(pipeline.pool);
+      // The baseline: a cache of its own, each request from a new organization, so only the request's own passes hit it.
+      const on = new Engine(pipeline.pool, new PrefixCache(1 << 30, "organization"));
+      const ms: Record<"off" | "on", number[]> = { off: [], on: [] };
+      let passes = 0;
+      let packedTokens = 0;
+      let maxDlp = 0;
+      for (let r = 0; r <= o.rounds; r++) {
+        const req = prepare(lb, variant(lb, o.stateTokens, `carry ${r}`), qs);
+        packedTokens = req.packed.inputIds.length;
+        const read: Partial<Record<"off" | "on", number[][]>> = {};
+        for (const side of r % 2 ? (["on", "off"] as const) : (["off", "on"] as const)) {
+          const t = performance.now();
+          const out = await (side === "on" ? on : off).scoreMany(lb, req.prefix, req.encoded, limit, { orgId: `bench-carry-${r}-${side}` });
+          // Round 0 warms both sides up.
+          if (r > 0) ms[side].push(performance.now() - t);
+          read[side] = out.lps as number[][];
+          passes = out.passes;
+        }
+        read.off!.forEach((row, i) => row.forEach((x, j) => (maxDlp = Math.max(maxDlp, Math.abs(x - read.on![i]![j]!)))));
+      }
+      const carryRatio = ratio(median(ms.off), median(ms.on), 3);
+      result.carry = { passes, packed_tokens: packedTokens, off_ms: ms.off.map(Math.round), on_ms: ms.on.map(Math.round), off_over_on: carryRatio, max_abs_dlp: maxDlp };
+      md.push(
+        `### Cache off, a request of ${o.carryQuestions} × ${o.bigOptions} options on a ${o.stateTokens}-token state (${packedTokens.toLocaleString("en-US")} packed tokens, ${passes} passes), ${o.rounds} rounds alternating`,
+        "",
+        "| cache off, p50 ms | cache on (the request's own passes only), p50 ms | off / on | max abs Δ log-prob |",
+        "|---:|---:|---:|---:|",
+        `| ${fmtMs(median(ms.off))} | ${fmtMs(median(ms.on))} | ${carryRatio} | ${maxDlp} |`,
+        "",
+      );
+    }
+
     const rss = process.memoryUsage().rss;
     result.memory = { rss_mb: Math.round(rss / 2 ** 20), cache_mb: +(pipeline.engine.prefixes.bytes / 2 ** 20).toFixed(1), budget_mb: o.cacheMb };
     md.push(`Memory at the end: process RSS ${Math.round(rss / 2 ** 20).toLocaleString("en-US")} MB; the cache holds ${(pipeline.engine.prefixes.bytes / 2 ** 20).toFixed(1)} MB of its ${o.cacheMb} MB budget.`, "");
