@@ -148,13 +148,13 @@ export class Engine {
     const lps = new Array<number[] | undefined>(branches.length);
     const passes = passesOf(prefix.length, branches, limit, which, this.splitsWidths(lb, prefix.length), this.maxPairs(lb));
     // The state's keys and values, held for this request's later passes: with the cache off, or its entry evicted mid-request.
-    const carry: Carry = {};
+    const carry: Carry | undefined = passes.length > 1 ? {} : undefined;
     for (const pass of passes) {
       // A request cut short (deadline, hang-up, drain) starts no further pass;
       // the queued one was dropped and the running one cut loose by the pool.
       ctx.signal?.throwIfAborted();
       const packed = pack(prefix, pass.map((i) => branches[i]!));
-      const read = readFinite(packed, (await this.infer(lb, packed, ctx, undefined, 0, passes.length > 1 ? carry : undefined)).logprobs);
+      const read = readFinite(packed, (await this.infer(lb, packed, ctx, undefined, 0, carry)).logprobs);
       pass.forEach((i, n) => (lps[i] = read[n]!));
     }
     return { lps, passes: passes.length };
@@ -396,14 +396,14 @@ export class Engine {
   private asRun(lb: LoadedBuild, shapes: readonly PassShape[], prefix: readonly number[], orgId?: string): PassShape[] {
     if (!lb.build.manifest.kv) return [...shapes];
     const held = prefix.length - COMPUTED_PREFIX_TOKENS;
-    const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
+    // Cached or carried (scoreMany), a request's later passes continue its first's keys and values.
+    const continued = carries(lb, prefix.length);
     const fromPreamble = prefix.length - this.pinnedLength(lb, prefix.length, (i) => prefix[i]!);
-    let first = caching && this.prefixes.has(lb.build.manifest.build_hash, orgId, BigInt64Array.from(prefix.slice(0, held), BigInt)) ? COMPUTED_PREFIX_TOKENS : fromPreamble;
+    let first = continued && this.prefixes.enabled && this.prefixes.has(lb.build.manifest.build_hash, orgId, BigInt64Array.from(prefix.slice(0, held), BigInt)) ? COMPUTED_PREFIX_TOKENS : fromPreamble;
     return shapes.map((s) => {
       if (s.prefix !== prefix.length) return s;
       const computed = first;
-      // Cached or carried (scoreMany), a request's later passes continue its first's keys and values.
-      if (carries(lb, prefix.length)) first = COMPUTED_PREFIX_TOKENS;
+      if (continued) first = COMPUTED_PREFIX_TOKENS;
       // What the caches hold is not computed again, but every row of the pass still attends to it.
       return withPast({ ...s, tokens: s.tokens - s.prefix + computed, prefix: computed }, s.prefix - computed);
     });
@@ -446,11 +446,13 @@ export class Engine {
       out = await this.pool.infer(lb.build.onnxPath, packed, ctx.signal, { layout, ...(given ? { past: given } : {}), keep });
     } else {
       const build = lb.build.manifest.build_hash;
-      const caching = this.prefixes.enabled && held >= MIN_CACHED_TOKENS;
-      const keeping = held >= MIN_CACHED_TOKENS && (caching || carry !== undefined);
+      const worthKeeping = carries(lb, packed.prefixLength);
+      const caching = this.prefixes.enabled && worthKeeping;
+      const keeping = worthKeeping && (this.prefixes.enabled || carry !== undefined);
       const prefix = packed.inputIds.subarray(0, held);
       const cached = caching ? this.prefixes.get(build, ctx.orgId, prefix) : undefined;
-      const past = cached ?? (keeping ? carry?.past : undefined);
+      // A carry is only ever set by a pass that kept this same prefix.
+      const past = cached ?? carry?.past;
       const opening = past ? undefined : await this.preambleOf(lb, packed, ctx);
       if (past) {
         out = await this.pool.infer(lb.build.onnxPath, continuePacked(packed, held), ctx.signal, { layout, past, keep: 0 });
