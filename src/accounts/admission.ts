@@ -12,7 +12,7 @@
  * process dies between hold and settle, the hold releases itself at the
  * organization's next admission or read, or at the periodic sweep.
  */
-import { AssayError } from "../errors/catalogue.js";
+import { AssayError, invalid } from "../errors/catalogue.js";
 import type { ConcurrencyLimiter, Slot } from "./limiter.js";
 import { chargeFor, formatPrice, formatUsd } from "./money.js";
 import { holdAmount, type ModelFamily, type PriceTable } from "./prices.js";
@@ -126,7 +126,7 @@ export class Admission {
 
   familyOf(model: string): ModelFamily {
     const family = this.modelFamily(model);
-    if (family === undefined) throw new AssayError("INVALID_REQUEST", `unknown model "${model}"`);
+    if (family === undefined) throw invalid(`unknown model "${model}"`, ["model"]);
     return family;
   }
 

@@ -4,6 +4,7 @@
  * that cannot be reached ends the run (resume once it is back), so that
  * an outage never fills the output with error lines.
  */
+import { detailMessage } from "../errors/catalogue.js";
 import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import { ScoreError } from "./records.js";
 import type { Scorer } from "./scorer.js";
@@ -68,8 +69,8 @@ export class HttpScorer implements Scorer {
       }
       if (res.status === 200 && body && typeof body === "object") return body as SystemOneResponse;
       const detail =
-        body && typeof body === "object" && typeof (body as { detail?: unknown }).detail === "string"
-          ? (body as { detail: string }).detail
+        body && typeof body === "object" && "detail" in body
+          ? detailMessage((body as { detail: unknown }).detail)
           : `HTTP ${res.status}: ${text.slice(0, 200)}`;
       const retry = Number(res.headers.get("retry-after"));
       throw new ScoreError(res.status, detail, undefined, Number.isFinite(retry) && retry > 0 ? retry : undefined);

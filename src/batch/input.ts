@@ -4,7 +4,8 @@
  * same body (413 over 1 MiB, 422 for bad JSON or a bad envelope); it never
  * stops the run.
  */
-import { LIMITS, RequestEnvelope, describeZodError } from "../validate/schema.js";
+import { detailMessage } from "../errors/catalogue.js";
+import { LIMITS, RequestEnvelope, zodIssues } from "../validate/schema.js";
 import { DUPLICATE_ID, ScoreError, idKey, type BatchId } from "./records.js";
 
 export interface InputLine {
@@ -62,7 +63,7 @@ export function parseLine(text: string, line: number, defaultModel: string): Inp
   }
   if (body.model === undefined) body.model = defaultModel;
   const parsed = RequestEnvelope.safeParse(body);
-  if (!parsed.success) return fail(422, describeZodError(parsed.error), id);
+  if (!parsed.success) return fail(422, detailMessage(zodIssues(parsed.error)), id);
   return { line, id, request: parsed.data };
 }
 

@@ -138,7 +138,7 @@ function encodeDocument(lb: LoadedBuild, document: string, claims: readonly stri
   // The claims are encoded once; each chunk's pass reuses them under its own prefix. A claim is
   // read twice when it is a statement: "does the document support …" (yes/no) and "is the statement
   // true or false" (true/false), as the general family reads a noul statement. Measured on the fact
-  // check dev sets, bench/RESULTS.md (issue 18, session 6).
+  // check dev sets, docs/experiments/fact-check.md.
   const statements = claims.map((c) => isStatement(claimQuestion(c)));
   const second: (number | null)[] = [];
   let next = claims.length;
@@ -177,7 +177,7 @@ function readTokens(d: EncodedDocument, which: readonly number[]): number {
  * …" about the document. The general map is fitted on BoolQ and both fact
  * check sets pooled and gated leave-one-dataset-out (`assay calibrate`);
  * on these two sets alone a family map did not hold on the other set
- * (bench/RESULTS.md, issue 18, session 7).
+ * (docs/experiments/fact-check.md).
  */
 export function claimFit(lb: LoadedBuild): { key: string; prior: FamilyPrior | null } {
   const cal = lb.build.manifest.calibration;
@@ -248,7 +248,7 @@ export async function runFactCheck(
   const wide = asked.escalateTo ? encode(fam.build(asked.escalateTo)) : null;
   // A document of several windows is read as the large build's own name reads it: the small build
   // reads windows that long at chance (WiCE's long test documents: AUROC 0.47–0.50), so its band
-  // would escalate on noise and keep confident wrong answers (bench/RESULTS.md, sessions 28–29).
+  // would escalate on noise and keep confident wrong answers (docs/experiments/fact-check.md).
   const direct = wide !== null && wide.windows > 1;
   const model = direct ? { ...asked, build: asked.escalateTo!, escalateTo: null } : asked;
   const small = direct ? wide : encode(fam.build(model.build));
@@ -265,8 +265,9 @@ export async function runFactCheck(
       const widest = Math.max(...readingsOf(small, [i]).map((j) => branchCost(small.claims.branches[j]!)));
       if (longest + widest > small.limit) {
         throw invalid(
-          `questions.${ids[i]}: the claim is ${b.suffix.length} tokens; with a document ${small.evidence[i] ? "cut" : "window"} of ${longest} tokens ` +
+          `the claim is ${b.suffix.length} tokens; with a document ${small.evidence[i] ? "cut" : "window"} of ${longest} tokens ` +
             `it exceeds the ${small.limit}-token limit of one pass; send a shorter claim`,
+          ["questions", ids[i]!],
         );
       }
     });

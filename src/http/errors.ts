@@ -9,29 +9,30 @@ import crypto from "node:crypto";
 import http from "node:http";
 import type { Socket } from "node:net";
 import type { FastifyError, FastifyReply, FastifyRequest, FastifySchemaValidationError } from "fastify";
-import { AssayError, ERRORS, invalid, type ErrorCode } from "../errors/catalogue.js";
-import { describeZodError } from "../validate/schema.js";
+import { AssayError, ERRORS, type ErrorCode, type ValidationIssue, wireDetail } from "../errors/catalogue.js";
+import { zodIssues } from "../validate/schema.js";
 import { BODY_LIMIT_DETAIL } from "./body.js";
 import { REQUEST_ID_HEADER, SDK_REQUEST_ID_HEADER, TYPESAFE_REQUEST_ID_HEADER, setRequestIdHeaders } from "./request-id.js";
 
 export interface WireError {
   code: ErrorCode;
   status: number;
-  detail: unknown;
+  /** As sent: issues for a 422, `{error_type, message}` otherwise (src/errors/catalogue.ts). */
+  detail: ReturnType<typeof wireDetail>;
   /** Seconds for `Retry-After`, or null when the status does not carry it. */
   retryAfter: number | null;
 }
 
 const DEFAULT_RETRY_AFTER_S = 1;
 
-function wire(code: ErrorCode, detail: unknown, retryAfterSeconds?: number): WireError {
+function wire(code: ErrorCode, detail: string | ValidationIssue[], retryAfterSeconds?: number): WireError {
   const entry = ERRORS[code];
   let retryAfter: number | null = null;
   if (entry.retryAfter) {
     const s = retryAfterSeconds ?? DEFAULT_RETRY_AFTER_S;
     retryAfter = Number.isFinite(s) ? Math.max(0, Math.ceil(s)) : DEFAULT_RETRY_AFTER_S;
   }
-  return { code, status: entry.status, detail, retryAfter };
+  return { code, status: entry.status, detail: wireDetail(code, detail), retryAfter };
 }
 
 const isFastifyError = (e: unknown): e is FastifyError =>
@@ -100,17 +101,19 @@ export function errorHandler(err: unknown, request: FastifyRequest, reply: Fasti
 
 /**
  * A route's `schemaErrorFormatter`: a zod schema refused the request, so it
- * is the same 422 and the same `detail` as `describeZodError` gives for the
+ * is the same 422 and the same `detail` as `zodIssues` gives for the
  * zod error itself. fastify-type-provider-zod reports each issue with its
  * message and its path as a JSON pointer; the request schemas name their
  * fields, so no path segment holds a "/" of its own.
  */
 export function schemaErrorFormatter(errors: FastifySchemaValidationError[]): Error {
-  return invalid(
-    describeZodError({
+  return new AssayError(
+    "INVALID_REQUEST",
+    zodIssues({
       issues: errors.map((e) => ({
         path: e.instancePath === "/" ? [] : e.instancePath.slice(1).split("/"),
         message: e.message ?? "not valid",
+        code: e.keyword,
       })),
     }),
   );
@@ -134,13 +137,13 @@ export function frameworkErrors(err: FastifyError, request: FastifyRequest, repl
 export function clientErrorHandler(err: Error & { code?: string }, socket: Socket): void {
   if (err.code === "ECONNRESET" || socket.destroyed) return;
   let status = 400;
-  let detail = "malformed HTTP request";
+  let detail = { error_type: "bad_request", message: "malformed HTTP request" };
   if (err.code === "ERR_HTTP_REQUEST_TIMEOUT") {
     status = 408;
-    detail = "the request took too long to arrive";
+    detail = { error_type: "timeout_error", message: "the request took too long to arrive" };
   } else if (err.code === "HPE_HEADER_OVERFLOW") {
     status = 431;
-    detail = "request headers are too large";
+    detail = { error_type: "request_too_large", message: "request headers are too large" };
   }
   const id = crypto.randomUUID();
   const body = JSON.stringify({ detail, request_id: id });

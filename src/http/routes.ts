@@ -29,6 +29,7 @@ export const SYSTEMONE_PATHS = ["/v1/systemone", "/v1/judge/systemone", "/v1/nim
 
 /** The scoring routes' schema; openapi.ts documents the same body. */
 export const SYSTEMONE_SCHEMA = { body: RequestEnvelope };
+const ENVELOPE_FIELDS = new Set(Object.keys(RequestEnvelope.shape));
 
 type SystemOneRequest = FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof SYSTEMONE_SCHEMA, ZodTypeProvider>;
 
@@ -86,7 +87,12 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
 
   /** Raw bytes → JSON, for the route's schema to validate. */
   async function readBody(request: FastifyRequest): Promise<void> {
-    request.body = await request.timings.time("validate", () => decodeJson(request));
+    const body = await request.timings.time("validate", () => decodeJson(request));
+    if (body !== null && typeof body === "object" && !Array.isArray(body)) {
+      const ignored = Object.keys(body).filter((k) => !ENVELOPE_FIELDS.has(k));
+      if (ignored.length > 0) request.log.debug({ ignored: ignored.slice(0, 20) }, "unknown top-level fields ignored");
+    }
+    request.body = body;
   }
 
   async function releaseUnclaimed(request: FastifyRequest, _reply: FastifyReply, error: FastifyError): Promise<void> {

@@ -39,19 +39,24 @@ export function choiceConfidence(p: readonly number[]): number {
 }
 
 /**
- * Ordinal confidence: 1 − (expected distance from the mode) / (the same under
- * a uniform distribution), floored at 0.
+ * Ordinal confidence, the reference formula of the hosted API (and jevcompat's
+ * `confidence.formula`): 1 − (expected distance from the mode) / (the expected
+ * distance of a uniform distribution from the scale's centre), floored at 0.
+ * The denominator depends on the scale alone, so two answers on one scale are
+ * compared on one yardstick whichever level they favour; measuring the uniform
+ * spread from the mode instead (an earlier definition) rated an answer peaked
+ * at an end of the scale higher than the same shape in its middle.
  */
 export function scoreConfidence(p: readonly number[]): number {
   const k = p.length;
+  if (k <= 1) return 1;
   const m = argmax(p);
   let spread = 0;
   let uniform = 0;
   for (let i = 0; i < k; i++) {
     spread += p[i]! * Math.abs(i - m);
-    uniform += Math.abs(i - m) / k;
+    uniform += Math.abs(i - (k - 1) / 2) / k;
   }
-  if (uniform === 0) return 1;
   return Math.min(1, Math.max(0, 1 - spread / uniform));
 }
 

@@ -5,28 +5,28 @@
  * loading at boot, a large build loading on first use), not a 503 that
  * invites the caller to retry the same bad request.
  */
-import { invalid } from "../errors/catalogue.js";
+import { AssayError, invalid } from "../errors/catalogue.js";
 import {
   CodeSearchQuery,
   CodeSearchState,
   LIMITS,
   codeSearchQuestions,
-  describeZodError,
   factCheckQuestions,
   generalQuestions,
   type Question,
   type RequestEnvelope,
+  zodIssues,
 } from "./schema.js";
 
 export type Family = "general" | "factcheck" | "codesearch";
 
 /** The 422 for a model name the registry does not hold: the same words before and after the model loads. */
 export function unknownModel(name: string, names: readonly string[]): Error {
-  return invalid(`unknown model "${name}"; available models: ${names.join(", ")}`);
+  return invalid(`unknown model "${name}"; available models: ${names.join(", ")}`, ["model"]);
 }
 
-function questionsError(err: Parameters<typeof describeZodError>[0]): Error {
-  return invalid(describeZodError(err, "questions"));
+function questionsError(err: Parameters<typeof zodIssues>[0]): Error {
+  return new AssayError("INVALID_REQUEST", zodIssues(err, ["questions"]));
 }
 
 /** A general request's questions, parsed. */
@@ -45,8 +45,8 @@ export interface FactCheckRequest {
 export function factCheckRequest(env: Pick<RequestEnvelope, "state" | "questions">): FactCheckRequest {
   const qs = factCheckQuestions().safeParse(env.questions);
   if (!qs.success) throw questionsError(qs.error);
-  if (typeof env.state !== "string") throw invalid("state: a fact check state is the document, as a string");
-  if (env.state.trim().length === 0) throw invalid("state: the document is empty");
+  if (typeof env.state !== "string") throw invalid("a fact check state is the document, as a string", ["state"]);
+  if (env.state.trim().length === 0) throw invalid("the document is empty", ["state"]);
   const ids = Object.keys(qs.data);
   return { document: env.state, ids, claims: ids.map((id) => qs.data[id]!.instructions) };
 }
@@ -72,19 +72,27 @@ export function codeSearchRequest(env: Pick<RequestEnvelope, "state" | "question
   // that broke it (state.items.0.kind) instead of the union's "Invalid input".
   const st = typeof env.state === "string" ? CodeSearchState.safeParse(env.state) : CodeSearchQuery.safeParse(env.state);
   if (!st.success) {
-    throw invalid(`state: a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string; ${describeZodError(st.error, "state")}`);
+    const shape = "a code search state is {query, items: [{id, path, kind, filePreview?, childPreview?}]} or a string";
+    throw new AssayError(
+      "INVALID_REQUEST",
+      zodIssues(st.error, ["state"]).map((i) => ({ ...i, msg: `${i.msg} (${shape})` })),
+    );
   }
   const state = st.data;
   const chars = typeof state === "string" ? state.length : JSON.stringify(state).length;
   if (chars > LIMITS.codeSearchStateChars) {
-    throw invalid(`state: ${chars.toLocaleString("en-US")} characters; code search states are limited to ${LIMITS.codeSearchStateChars.toLocaleString("en-US")}`);
+    throw invalid(
+      `${chars.toLocaleString("en-US")} characters; code search states are limited to ${LIMITS.codeSearchStateChars.toLocaleString("en-US")}`,
+      ["state"],
+      "too_big",
+    );
   }
   const ids = Object.keys(qs.data);
   const instructions = ids.map((id) => qs.data[id]!.instructions);
   if (typeof state === "string") return { query: state, ids, instructions, items: null };
   const byId = new Map<string, CodeSearchItem>();
   for (const it of state.items) {
-    if (byId.has(it.id)) throw invalid(`state.items: item id "${it.id}" appears more than once`);
+    if (byId.has(it.id)) throw invalid(`item id "${it.id}" appears more than once`, ["state", "items"]);
     byId.set(it.id, it);
   }
   const items = ids.map((id) => {
@@ -93,8 +101,9 @@ export function codeSearchRequest(env: Pick<RequestEnvelope, "state" | "question
     if (!item) {
       throw invalid(
         m
-          ? `questions.${id}: no item "n${m[1]}" in state.items (question q<i> is about item n<i>)`
-          : `questions.${id}: code search question ids are q0, q1, …, one per item n0, n1, …`,
+          ? `no item "n${m[1]}" in state.items (question q<i> is about item n<i>)`
+          : `code search question ids are q0, q1, …, one per item n0, n1, …`,
+        ["questions", id],
       );
     }
     return item;

@@ -5,6 +5,7 @@
  * generated from these objects (src/http/openapi.ts).
  */
 import { z } from "zod";
+import type { ValidationIssue } from "../errors/catalogue.js";
 
 /** Spec limits, in one place. */
 export const LIMITS = {
@@ -22,13 +23,36 @@ export const LIMITS = {
   stateDepth: 512,
 } as const;
 
-const instructions = z.string().optional();
+/**
+ * Text a caller may send structured, as the official SDKs allow for instructions, noul criteria,
+ * option descriptions and score levels: a string, or an object or array that the model reads as
+ * JSON text, the way a JSON state is (`JSON.stringify`, as `renderState`). Parsing yields the text,
+ * so everything after validation (prompts, option debiasing, the prefix cache, the score legend)
+ * sees strings only.
+ */
+const StructuredText = z
+  .union([z.string(), z.record(z.string(), z.unknown()), z.array(z.unknown())], {
+    error: "expected a string, an object or an array",
+  })
+  .refine((v) => typeof v === "string" || !nestedDeeperThan(v, LIMITS.stateDepth), {
+    message: `structured text may nest objects and arrays at most ${LIMITS.stateDepth} levels deep`,
+  })
+  .transform((v) => (typeof v === "string" ? v : JSON.stringify(v)));
+
+/** `null` reads as absent: clients serialise an unset optional field as null. */
+const optionalText = StructuredText.nullable()
+  .transform((v) => v ?? undefined)
+  .optional();
+const instructions = optionalText;
 
 export const NoulQuestion = z.strictObject({
   type: z.literal("noul"),
   instructions,
+  // Absent, null, one- or two-sided; a side that is null is absent.
   criteria: z
-    .strictObject({ true: z.string().optional(), false: z.string().optional() })
+    .strictObject({ true: optionalText, false: optionalText })
+    .nullable()
+    .transform((c) => c ?? undefined)
     .optional(),
 });
 
@@ -36,7 +60,7 @@ export const ChoiceQuestion = z.strictObject({
   type: z.literal("choice"),
   instructions,
   criteria: z
-    .record(z.string().min(1, "option keys must be non-empty"), z.string().nullable())
+    .record(z.string().min(1, "option keys must be non-empty"), StructuredText.nullable())
     .refine((c) => Object.keys(c).length >= LIMITS.options.min && Object.keys(c).length <= LIMITS.options.max, {
       message: `a choice question needs ${LIMITS.options.min} to ${LIMITS.options.max} options`,
     }),
@@ -46,7 +70,7 @@ export const ScoreQuestion = z.strictObject({
   type: z.literal("score"),
   instructions,
   criteria: z
-    .array(z.string())
+    .array(StructuredText)
     .min(LIMITS.levels.min, `a score question needs ${LIMITS.levels.min} to ${LIMITS.levels.max} levels`)
     .max(LIMITS.levels.max, `a score question needs ${LIMITS.levels.min} to ${LIMITS.levels.max} levels`),
 });
@@ -55,10 +79,11 @@ export const ScoreQuestion = z.strictObject({
 export const BooleanQuestion = NoulQuestion.extend({ type: z.literal("boolean") });
 
 export const Question = z.discriminatedUnion("type", [NoulQuestion, ChoiceQuestion, ScoreQuestion]);
-export type Question = z.infer<typeof Question>;
-export type NoulQuestion = z.infer<typeof NoulQuestion>;
-export type ChoiceQuestion = z.infer<typeof ChoiceQuestion>;
-export type ScoreQuestion = z.infer<typeof ScoreQuestion>;
+/** Parsed questions: every text field is a string (structured text became its JSON text). */
+export type Question = z.output<typeof Question>;
+export type NoulQuestion = z.output<typeof NoulQuestion>;
+export type ChoiceQuestion = z.output<typeof ChoiceQuestion>;
+export type ScoreQuestion = z.output<typeof ScoreQuestion>;
 
 /** Whether a parsed JSON value nests objects/arrays more than `max` levels deep. Iterative: no recursion on caller data. */
 export function nestedDeeperThan(value: unknown, max: number): boolean {
@@ -75,7 +100,11 @@ export function nestedDeeperThan(value: unknown, max: number): boolean {
 
 export const State = z
   .union([z.string(), z.record(z.string(), z.unknown()), z.array(z.unknown())], {
-    error: "state must be a string, an object or an array",
+    // Worded as zod words an absent field, so that `zodIssues` types it `missing`.
+    error: (iss) =>
+      iss.input === undefined
+        ? "state must be a string, an object or an array, received undefined"
+        : "state must be a string, an object or an array",
   })
   .refine((s) => typeof s === "string" || !nestedDeeperThan(s, LIMITS.stateDepth), {
     message: `a JSON state may nest objects and arrays at most ${LIMITS.stateDepth} levels deep`,
@@ -84,9 +113,11 @@ export type State = z.infer<typeof State>;
 
 /**
  * The envelope only: `questions` is checked per family once the model is
- * known, because the count limit and the allowed types depend on it.
+ * known, because the count limit and the allowed types depend on it. Unknown
+ * top-level fields are dropped, not refused: clients add their own (tracing
+ * ids, `seed`); the route logs their names at debug.
  */
-export const RequestEnvelope = z.strictObject({
+export const RequestEnvelope = z.object({
   model: z.string().min(1).default("judge-latest"),
   state: State,
   questions: z.record(z.string(), z.unknown()),
@@ -195,23 +226,27 @@ export const ErrorBody = z.object({
 export type ErrorBody = z.infer<typeof ErrorBody>;
 
 /**
- * Render a zod error (or its issues, as a route schema's validator reports them) as one readable
- * sentence list for `detail`. Paths are from the top of the request body: `at` is where the
- * validated value sits in it (`questions` when a family checks the questions alone).
+ * A zod error (or its issues, as a route schema's validator reports them) as the 422's issues.
+ * Paths are from the top of the request body: `at` is where the validated value sits in it
+ * (`questions` when a family checks the questions alone).
  */
-export function describeZodError(err: { issues: readonly ZodIssueLike[] }, at?: string): string {
-  const where = (path: readonly PropertyKey[]) => [...(at ? [at] : []), ...path.map(String)].join(".") || "body";
-  return err.issues
-    .map((i) => {
-      // A bad record key (an empty option key) is reported by zod as "Invalid key in record" at a
-      // path ending in the key itself; the caller needs the key's own rule and which key broke it.
-      if (i.code === "invalid_key" && i.issues?.length) {
-        const key = i.path[i.path.length - 1];
-        return `${where(i.path.slice(0, -1))}: key ${JSON.stringify(String(key))}: ${i.issues.map((n) => n.message).join("; ")}`;
-      }
-      return `${where(i.path)}: ${i.message}`;
-    })
-    .join("; ");
+export function zodIssues(err: { issues: readonly ZodIssueLike[] }, at: readonly (string | number)[] = []): ValidationIssue[] {
+  const loc = (path: readonly PropertyKey[]) => ["body", ...at, ...path.map((p) => (typeof p === "number" ? p : String(p)))];
+  return err.issues.map((i) => {
+    // A bad record key (an empty option key) is reported by zod as "Invalid key in record" at a
+    // path ending in the key itself; the caller needs the key's own rule and which key broke it.
+    if (i.code === "invalid_key" && i.issues?.length) {
+      const key = i.path[i.path.length - 1];
+      return {
+        loc: loc(i.path.slice(0, -1)),
+        msg: `key ${JSON.stringify(String(key))}: ${i.issues.map((n) => n.message).join("; ")}`,
+        type: "invalid_key",
+      };
+    }
+    // FastAPI's (and so the SDKs') code for an absent required field.
+    const missing = /received undefined$/.test(i.message);
+    return { loc: loc(i.path), msg: i.message, type: missing ? "missing" : (i.code ?? "value_error") };
+  });
 }
 
 interface ZodIssueLike {

@@ -69,6 +69,61 @@ describe("success path", () => {
   });
 });
 
+describe("what clients send that the contract allows", () => {
+  it("unknown top-level fields are ignored (dropped before the pipeline), not refused", async () => {
+    const res = await post({ ...validBody, x_trace_id: "trace-1", seed: 7, temperature: 0 });
+    expect(res.statusCode, res.body).toBe(200);
+    expect(t.pipeline.calls[0]!.envelope).toEqual(validBody);
+  });
+
+  it.each([
+    ["criteria null", { type: "noul", instructions: "Asks for a refund.", criteria: null }],
+    ["one-sided criteria (true)", { type: "noul", instructions: "Asks for a refund.", criteria: { true: "wants money back" } }],
+    ["one-sided criteria (false)", { type: "noul", instructions: "Asks for a refund.", criteria: { false: "no request" } }],
+    ["a null side", { type: "noul", instructions: "Asks for a refund.", criteria: { true: "wants money back", false: null } }],
+    ["instructions null", { type: "noul", instructions: null }],
+    ["structured instructions and sides", { type: "noul", instructions: { task: "refund?", include: ["chargebacks"] }, criteria: { true: { examples: ["refund me"] }, false: ["questions"] } }],
+    ["structured choice descriptions", { type: "choice", instructions: ["Route it.", "One team."], criteria: { Billing: { owns: ["invoices"] }, Tech: ["bugs"], Sales: "Pricing", Other: null } }],
+    ["structured score levels", { type: "score", instructions: { scale: "anger" }, criteria: [{ level: "calm" }, ["annoyed", "terse"], "furious"] }],
+  ])("a question with %s is accepted", async (_name, q) => {
+    const res = await post({ ...validBody, questions: { q } });
+    expect(res.statusCode, res.body).toBe(200);
+  });
+
+  it.each([
+    ["a number as instructions", { type: "noul", instructions: 3 }],
+    ["a null score level", { type: "score", criteria: ["calm", null] }],
+    ["a number as an option description", { type: "choice", criteria: { a: 1, b: null } }],
+    ["an unknown criteria side", { type: "noul", criteria: { true: "yes", maybe: "perhaps" } }],
+    ["an unknown question field", { type: "noul", instructions: "x", weight: 2 }],
+  ])("still refused: %s", async (_name, q) => {
+    const d = expectSpecError(await post({ ...validBody, questions: { q } }), 422);
+    expect(d).toMatch(/^questions\.q/);
+  });
+
+  it("a 422 names each field by its path from the body, with zod's code as the type", async () => {
+    const res = await post({ state: "x", questions: { q1: { type: "score", criteria: ["only"] }, q2: { type: "choice" } } });
+    expectSpecError(res, 422);
+    const detail = (res.json() as { detail: { loc: unknown[]; type: string }[] }).detail;
+    expect(detail).toContainEqual(expect.objectContaining({ loc: ["body", "questions", "q1", "criteria"], type: "too_small" }));
+    expect(detail).toContainEqual(expect.objectContaining({ loc: ["body", "questions", "q2", "criteria"], type: "missing" }));
+  });
+
+  it("a missing envelope field is `missing` at its location", async () => {
+    const res = await post({ questions: { q: { type: "noul" } } });
+    expectSpecError(res, 422);
+    expect((res.json() as { detail: unknown[] }).detail).toContainEqual(expect.objectContaining({ loc: ["body", "state"], type: "missing" }));
+  });
+
+  it("a 401 carries error_type authentication_error, missing and wrong key alike", async () => {
+    for (const headers of [{}, { authorization: `Bearer sk-assay-${"A".repeat(43)}` }]) {
+      const res = await post(validBody, headers);
+      expectSpecError(res, 401);
+      expect((res.json() as { detail: { error_type: string } }).detail.error_type).toBe("authentication_error");
+    }
+  });
+});
+
 describe("request id", () => {
   it("echoes a sane x-request-id", async () => {
     const res = await t.app.inject({ method: "GET", url: "/healthz", headers: { "x-request-id": "trace:01.a_b-c" } });

@@ -21,11 +21,10 @@ export const ENVELOPE_CASES: BadRequestCase[] = [
   { name: "state is null", body: { state: null, questions: { q: { type: "noul" } } }, detail: "state" },
   { name: "questions missing", body: { state }, detail: "questions" },
   { name: "questions is an array", body: { state, questions: [{ type: "noul" }] }, detail: "questions" },
-  { name: "unknown top-level field", body: { state, questions: { q: { type: "noul" } }, temperature: 0 }, detail: "temperature" },
   { name: "model is empty", body: { model: "", state, questions: { q: { type: "noul" } } }, detail: "model" },
-  { name: "body is an array", body: [1, 2], detail: "body" },
-  { name: "body is a string", body: "hello", detail: "body" },
-  { name: "body is null", body: null, detail: "body" },
+  { name: "body is an array", body: [1, 2], detail: "expected object, received array" },
+  { name: "body is a string", body: "hello", detail: "expected object, received string" },
+  { name: "body is null", body: null, detail: "expected object, received null" },
 ];
 
 export const QUESTION_CASES: BadRequestCase[] = [

@@ -12,7 +12,7 @@
 import { AssayError, invalid } from "../../src/errors/catalogue.js";
 import type { ModelListing, Pipeline, PipelineContext } from "../../src/pipeline/types.js";
 import {
-  describeZodError,
+  zodIssues,
   generalQuestions,
   type RequestEnvelope,
   type SystemOneResponse,
@@ -30,7 +30,7 @@ export class FakePipelineForHttpErrorPaths implements Pipeline {
     this.calls.push({ envelope, ctx });
     if (this.failWith) throw this.failWith;
     const questions = generalQuestions().safeParse(envelope.questions);
-    if (!questions.success) throw invalid(describeZodError(questions.error));
+    if (!questions.success) throw new AssayError("INVALID_REQUEST", zodIssues(questions.error, ["questions"]));
     return { model: envelope.model, answers: {}, usage: { input_tokens: 0, output_tokens: 0 } };
   }
 
@@ -93,7 +93,7 @@ export class FakeTokenCountPipelineForBilling extends FakePipelineForHttpErrorPa
     this.calls.push({ envelope, ctx });
     if (this.failWith) throw this.failWith;
     const questions = generalQuestions().safeParse(envelope.questions);
-    if (!questions.success) throw invalid(describeZodError(questions.error));
+    if (!questions.success) throw new AssayError("INVALID_REQUEST", zodIssues(questions.error, ["questions"]));
     const tokens = this.inputTokensFor(envelope);
     await ctx.admit?.(tokens);
     this.inModel++;

@@ -6,6 +6,7 @@ import net from "node:net";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LIMITS } from "../../src/validate/schema.js";
+import { expectSpecError } from "./assertions.js";
 import { makeTestApp, UUID, validBody, type TestApp } from "./helpers.js";
 
 let t: TestApp;
@@ -23,12 +24,7 @@ afterAll(async () => {
 });
 
 async function expectWireError(res: Response, status: number): Promise<string> {
-  expect(res.status).toBe(status);
-  const body = (await res.json()) as { detail: string; request_id: string };
-  expect(body.detail.length).toBeGreaterThan(0);
-  expect(res.headers.get("x-request-id")).toBe(body.request_id);
-  expect(res.headers.get("x-sdk-request-id")).toBe(body.request_id);
-  return body.detail;
+  return expectSpecError({ statusCode: res.status, headers: Object.fromEntries(res.headers), body: await res.text() }, status);
 }
 
 describe("listening server", () => {
@@ -94,10 +90,7 @@ describe("listening server", () => {
       },
     );
     expect(status).toBe(413);
-    const parsed = JSON.parse(body) as { detail: string; request_id: string };
-    expect(parsed.detail).toMatch(/1 MiB/);
-    expect(headers["x-request-id"]).toBe(parsed.request_id);
-    expect(headers["x-sdk-request-id"]).toBe(parsed.request_id);
+    expect(expectSpecError({ statusCode: status, headers, body }, 413)).toMatch(/1 MiB/);
   });
 
   it("malformed HTTP gets the spec body too", async () => {
@@ -113,8 +106,8 @@ describe("listening server", () => {
     const id = /x-request-id: (\S+)/i.exec(raw)?.[1];
     expect(id).toMatch(UUID);
     expect(raw).toContain(`x-sdk-request-id: ${id}`);
-    const body = JSON.parse(raw.slice(raw.indexOf("\r\n\r\n") + 4)) as { detail: string; request_id: string };
+    const body = JSON.parse(raw.slice(raw.indexOf("\r\n\r\n") + 4)) as { detail: { error_type: string; message: string }; request_id: string };
     expect(body.request_id).toBe(id);
-    expect(body.detail).toMatch(/malformed/);
+    expect(body.detail).toEqual({ error_type: "bad_request", message: expect.stringMatching(/malformed/) });
   });
 });

@@ -134,7 +134,7 @@ describe("choiceConfidence = (p_max − 1/k) / (1 − 1/k), clipped to [0, 1]", 
   });
 });
 
-describe("scoreConfidence = max(0, 1 − Σ p_i|i−m| / Σ (1/k)|i−m|), m = argmax", () => {
+describe("scoreConfidence = max(0, 1 − Σ p_i|i−m| / Σ (1/k)|i−(k−1)/2|), m = argmax (the reference formula)", () => {
   it("1 for a one-hot distribution at any level", () => {
     expect(scoreConfidence([0, 0, 1, 0, 0])).toBe(1);
     expect(scoreConfidence([1, 0, 0])).toBe(1);
@@ -142,8 +142,8 @@ describe("scoreConfidence = max(0, 1 − Σ p_i|i−m| / Σ (1/k)|i−m|), m = a
   });
 
   it("0 for a uniform distribution", () => {
-    // m = 0 (first max): spread = (0+1+2+3+4)/5 = 2 = uniform spread
-    expect(scoreConfidence([0.2, 0.2, 0.2, 0.2, 0.2])).toBeCloseTo(0, 12);
+    // m = 0 (first max): spread = (0+1+2+3+4)/5 = 2, above the centre's 1.2 → floored at 0
+    expect(scoreConfidence([0.2, 0.2, 0.2, 0.2, 0.2])).toBe(0);
     expect(scoreConfidence([0.5, 0.5])).toBeCloseTo(0, 12);
   });
 
@@ -153,10 +153,27 @@ describe("scoreConfidence = max(0, 1 − Σ p_i|i−m| / Σ (1/k)|i−m|), m = a
   });
 
   it("worked example: mass spread to one side", () => {
-    // k = 3, m = 0: spread = 0.25·1 + 0.25·2 = 0.75; uniform = (0+1+2)/3 = 1 → 0.25
-    expect(scoreConfidence([0.5, 0.25, 0.25])).toBeCloseTo(0.25, 12);
-    // k = 4, m = 3: spread = 0.1·3 + 0.1·2 + 0.2·1 = 0.7; uniform = (3+2+1+0)/4 = 1.5 → 1 − 0.7/1.5
-    expect(scoreConfidence([0.1, 0.1, 0.2, 0.6])).toBeCloseTo(1 - 0.7 / 1.5, 12);
+    // k = 3, m = 0: spread = 0.25·1 + 0.25·2 = 0.75; uniform = (1+0+1)/3 = 2/3 → floored at 0
+    expect(scoreConfidence([0.5, 0.25, 0.25])).toBe(0);
+    // k = 4, m = 3: spread = 0.1·3 + 0.1·2 + 0.2·1 = 0.7; uniform = (1.5+0.5+0.5+1.5)/4 = 1 → 0.3
+    expect(scoreConfidence([0.1, 0.1, 0.2, 0.6])).toBeCloseTo(0.3, 12);
+  });
+
+  it("one yardstick per scale: the same shape scores the same at an end and in the middle", () => {
+    const end = scoreConfidence([0.8, 0.2, 0, 0, 0]);
+    const middle = scoreConfidence([0, 0, 0.8, 0.2, 0]);
+    expect(end).toBeCloseTo(middle, 12);
+    // spread 0.2, uniform 1.2 → 1 − 1/6
+    expect(end).toBeCloseTo(1 - 0.2 / 1.2, 12);
+  });
+
+  it("matches jevcompat's reference on an 11-level scale", () => {
+    // The reference (jevcompat 0.1.1, validate.score_confidence) computed by hand for this distribution:
+    // m = 5, spread = Σ p_i·|i−5| = 0.05·5 + 0.05·4 + 0.1·3 + 0.1·2 + 0.1·1 + 0.1·1 + 0.1·2 + 0.1·3 + 0.05·4 + 0.05·5 = 2.1,
+    // uniform = Σ |i−5| / 11 = 30/11 → 1 − 2.1·11/30 = 0.23 (jevcompat prints 0.230)
+    const p = [0.05, 0.05, 0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05];
+    expect(p.reduce((x, y) => x + y, 0)).toBeCloseTo(1, 12);
+    expect(scoreConfidence(p)).toBeCloseTo(1 - (2.1 * 11) / 30, 12);
   });
 
   it("distance matters: neighbours cost less than far levels", () => {
@@ -169,7 +186,7 @@ describe("scoreConfidence = max(0, 1 − Σ p_i|i−m| / Σ (1/k)|i−m|), m = a
   });
 
   it("floored at 0 when the mass sits far from the mode", () => {
-    // k = 5, m = 1 (first of the tied maxima): spread = 0.5·3 = 1.5; uniform = (1+0+1+2+3)/5 = 1.4 → negative → 0
+    // k = 5, m = 1 (first of the tied maxima): spread = 0.5·3 = 1.5; uniform = 1.2 → negative → 0
     expect(scoreConfidence([0, 0.5, 0, 0, 0.5])).toBe(0);
   });
 });
@@ -195,16 +212,16 @@ describe("answers", () => {
 
   it("score: the expected level, the legend, string level keys", () => {
     const levels = ["bad", "ok", "good"];
-    const a = scoreAnswer(levels, [Math.log(0.2), Math.log(0.3), Math.log(0.5)]);
+    const a = scoreAnswer(levels, [Math.log(0.1), Math.log(0.2), Math.log(0.7)]);
     expect(a.type).toBe("score");
-    // 0·0.2 + 1·0.3 + 2·0.5 = 1.3
-    expect(a.score).toBeCloseTo(1.3, 12);
+    // 0·0.1 + 1·0.2 + 2·0.7 = 1.6
+    expect(a.score).toBeCloseTo(1.6, 12);
     expect(a.legend).toEqual({ "0": "bad", "1": "ok", "2": "good" });
     expect(Object.keys(a.probabilities)).toEqual(["0", "1", "2"]);
-    expect(a.probabilities["2"]).toBeCloseTo(0.5, 12);
+    expect(a.probabilities["2"]).toBeCloseTo(0.7, 12);
     expect(sum(Object.values(a.probabilities))).toBeCloseTo(1, 12);
-    // m = 2: spread = 0.2·2 + 0.3·1 = 0.7; uniform = 1 → 0.3
-    expect(a.confidence).toBeCloseTo(0.3, 12);
+    // m = 2: spread = 0.1·2 + 0.2·1 = 0.4; uniform about the centre = 2/3 → 0.4
+    expect(a.confidence).toBeCloseTo(0.4, 12);
   });
 
   it("score can fall between two levels", () => {
