@@ -23,6 +23,7 @@ import { AssayError } from "../../src/errors/catalogue.js";
 import { FakeTokenCountPipelineForBilling } from "../http/fake-pipeline.js";
 import { validBody } from "../http/helpers.js";
 import { describeLedgerContract } from "./ledger-contract.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PG_URL = process.env.ASSAY_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 const REDIS_URL = process.env.ASSAY_TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
@@ -248,7 +249,7 @@ suite("two replicas sharing PostgreSQL and Redis", () => {
         const res = await post(r, key);
         expect(res.statusCode, res.body).toBe(429);
         expect(res.headers["retry-after"]).toBe("1");
-        expect(res.json().detail).toContain("already has 4 requests in flight");
+        expect(detailMessage(res.json().detail)).toContain("already has 4 requests in flight");
       }
       // A purchase, recorded by the CLI against the shared database, lifts the limit everywhere.
       const bought = await cli(schema, "credit", "add", "--org", "acme", "--usd", "10");

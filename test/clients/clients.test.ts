@@ -29,6 +29,7 @@ import { buildApp } from "../../src/app.js";
 import { ROOT, loadConfig } from "../../src/config/index.js";
 import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PACKAGES = ["typesafe-sdk[zstd]==0.7.5", "bespokelabs==0.4.0", "bespokelabs-nimble==0.1.0"];
 const VENV = path.join(ROOT, ".cache", "clients-venv");
@@ -41,7 +42,7 @@ interface ClientReport {
   model?: string;
   usage?: { input_tokens: number; output_tokens: number };
   answers?: Record<string, Answer>;
-  error?: { class: string; status: number; request_id: string | null; message?: string; body: { detail: string; request_id: string } } | string;
+  error?: { class: string; status: number; request_id: string | null; message?: string; body: { detail: unknown; request_id: string } } | string;
   [k: string]: unknown;
 }
 
@@ -126,7 +127,7 @@ function expect422(r: ClientReport, id: string | null) {
   const e = r.error as Exclude<ClientReport["error"], string | undefined>;
   expect(typeof e, String(r.error)).toBe("object");
   expect(e.status).toBe(422);
-  expect(e.body.detail).toMatch(/unknown model "no-such-model"/);
+  expect(detailMessage(e.body.detail)).toMatch(/unknown model "no-such-model"/);
   expect(e.request_id).toBe(e.body.request_id);
   if (id !== null) expect(e.request_id).toBe(id);
 }

@@ -21,6 +21,7 @@ import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
 import { scheduledLargeConfig, startEngine } from "./engine.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const SMALL = "qwen2.5-coder-0.5b";
 const LARGE = "qwen2.5-coder-1.5b";
@@ -65,7 +66,7 @@ async function status422(model: string, state: unknown, qs: Record<string, unkno
   } catch (e) {
     expect(e).toBeInstanceOf(AssayError);
     expect((e as AssayError).status).toBe(422);
-    return String((e as AssayError).detail);
+    return (e as AssayError).message;
   }
   throw new Error("expected a 422");
 }
@@ -175,8 +176,8 @@ describe("the large build on demand", () => {
     for (const [model, state, qs, detail] of bad) {
       const res = await post(model, state, qs);
       expect(res.statusCode, res.body).toBe(422);
-      if (typeof detail === "string") expect(res.json().detail).toBe(detail);
-      else expect(res.json().detail).toMatch(detail);
+      if (typeof detail === "string") expect(detailMessage(res.json().detail)).toBe(detail);
+      else expect(detailMessage(res.json().detail)).toMatch(detail);
     }
     expect(engine.lifecycle.state(LARGE)).toBe("unloaded");
     expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
@@ -194,7 +195,7 @@ describe("the large build on demand", () => {
     });
     expect(res.statusCode, res.body).toBe(503);
     expect(Number(res.headers["retry-after"])).toBeGreaterThanOrEqual(1);
-    expect(res.json().detail).toMatch(/starting/);
+    expect(detailMessage(res.json().detail)).toMatch(/starting/);
     expect(res.json().request_id).toBe(res.headers["x-request-id"]);
     expect(accounts.balance(org.id, Date.now())).toEqual(before);
     expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
@@ -207,7 +208,7 @@ describe("the large build on demand", () => {
       payload: { model: GENERAL_ON_LARGE, state: "a state", questions: { q: { type: "noul", instructions: "Is it a state?" } } },
     });
     expect(general.statusCode, general.body).toBe(503);
-    expect(general.json().detail).toMatch(/needs model build qwen2\.5-coder-1\.5b, which is starting/);
+    expect(detailMessage(general.json().detail)).toMatch(/needs model build qwen2\.5-coder-1\.5b, which is starting/);
     expect(accounts.ledger(org.id).map((e) => e.kind)).toEqual(["grant"]);
   });
 

@@ -37,7 +37,7 @@ async function status(model: string, state: unknown, qs: Record<string, unknown>
     await ask(model, state, qs);
   } catch (e) {
     expect(e).toBeInstanceOf(AssayError);
-    return [(e as AssayError).status, String((e as AssayError).detail)];
+    return [(e as AssayError).status, (e as AssayError).message];
   }
   throw new Error("expected an error");
 }
@@ -261,7 +261,7 @@ describe("fact check", () => {
       const branches = encodeBranches(lb, [], [factcheckClaim(lb.style, claim), factcheckClaimTrueFalse(lb.style, claim)]).branches;
       // The family's own reading: the prior cache's entry in the partition of the organization `ask`
       // charges. (Read apart, as here, the yes/no reading differs from the family's one-block reading by
-      // up to 0.1 in log-probability: the int8 graph's rounding, not the layout; bench/RESULTS.md, session 27.)
+      // up to 0.1 in log-probability: the int8 graph's rounding, not the layout; docs/experiments/int8-and-gpu.md.)
       const neutral = await engine.engine.prior(lb, "", branches, 8192, { orgId: "test" });
       const lean = (logit(yesProbability(neutral[0]!)) + logit(yesProbability(neutral[1]!))) / 2;
       expect(Math.abs(lean)).toBeGreaterThan(0.01);

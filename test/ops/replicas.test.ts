@@ -16,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgAccountsStore } from "../../src/accounts/postgres.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PG_URL = process.env.ASSAY_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 const REDIS_URL = process.env.ASSAY_TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
@@ -105,7 +106,7 @@ describe("two replicas on PostgreSQL + Redis", () => {
     const c = await ask(replicas[0]!, "third");
     expect(c.status).toBe(429);
     expect(c.headers.get("retry-after")).toBe("1");
-    expect(((await c.json()) as { detail: string }).detail).toContain("already has 2 requests in flight");
+    expect(detailMessage(((await c.json()) as { detail: unknown }).detail)).toContain("already has 2 requests in flight");
     await Promise.all(replicas.map((r, i) => fault(r, { release: stalls[i]!.id })));
     expect((await a).status).toBe(200);
     expect((await b).status).toBe(200);

@@ -12,6 +12,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 let server: ServerProcess | null = null;
 let dir = "";
@@ -87,7 +88,7 @@ describe("SIGTERM", () => {
     expect(refused.status).toBe(503);
     expect(refused.headers.get("retry-after")).toBe("1");
     const refusedBody = (await refused.json()) as { detail: string; request_id: string };
-    expect(refusedBody.detail).toMatch(/shutting down/);
+    expect(detailMessage(refusedBody.detail)).toMatch(/shutting down/);
     expect(refusedBody.request_id).toBe(refused.headers.get("x-request-id"));
     expect((await fetch(`${s.url}/readyz`)).status).toBe(503);
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
@@ -109,7 +110,7 @@ describe("SIGTERM", () => {
     s.kill("SIGTERM");
     const res = await inflight;
     expect(res.status).toBe(503);
-    expect(((await res.json()) as { detail: string }).detail).toMatch(/shut down before the request finished/);
+    expect(detailMessage(((await res.json()) as { detail: unknown }).detail)).toMatch(/shut down before the request finished/);
     expect(await s.exited).toEqual({ code: 0, signal: null });
     expect(s.log.find((x) => /drain deadline reached/.test(String(x.msg)))).toMatchObject({ cancelled: 1, stuck: 0 });
     const l = ledgerOf();

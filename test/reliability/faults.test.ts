@@ -41,6 +41,7 @@ import {
   smallBody,
   until,
 } from "./harness.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("judge-latest", "general");
 const PREFIX = `assay-reliability:${RUN}:`;
@@ -122,7 +123,7 @@ describe("an inference worker killed mid-request", () => {
       const diedAt = performance.now();
       expect(rs.status, rs.text).toBe(200);
       expect(ra.status, ra.text).toBe(502);
-      expect((ra.json as { detail: string }).detail).toMatch(/worker failed and was restarted/);
+      expect(detailMessage((ra.json as { detail: unknown }).detail)).toMatch(/worker failed and was restarted/);
       expect(ra.headers.get("x-request-id")).toBe("worker-A");
       // B waited in the queue while the replacement thread reloaded the model.
       const rb = await B;
@@ -353,7 +354,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
       const rmid = await mid;
       expect(rmid.status, rmid.text).toBe(503);
       expect(rmid.headers.get("retry-after")).toBe("1");
-      expect((rmid.json as { detail: string }).detail).toMatch(/not charged|retry/);
+      expect(detailMessage((rmid.json as { detail: unknown }).detail)).toMatch(/not charged|retry/);
 
       // While it is down: every request is refused with 503 + Retry-After, at once or after the connect timeout.
       const during: number[] = [];
@@ -363,7 +364,7 @@ describe("the database unavailable (PostgreSQL mode)", () => {
         refusedMs.push(Math.round(r.ms));
         expect(r.status, r.text).toBe(503);
         expect(r.headers.get("retry-after")).toBe("1");
-        expect(typeof (r.json as { detail: unknown }).detail).toBe("string");
+        expect((r.json as { detail: unknown }).detail).toEqual({ error_type: "service_unavailable", message: expect.any(String) });
       }
       // Probes stay up: the process is alive, it is the store that is not.
       expect((await call(s.url, "/healthz", { method: "GET" })).status).toBe(200);

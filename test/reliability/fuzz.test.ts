@@ -34,6 +34,7 @@ import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import { TEXT_BOMB_ZSTD, compress, zstdZeros } from "../http/compressed.js";
 import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, until } from "./harness.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;
 let engine: EnginePipeline;
@@ -312,7 +313,7 @@ describe(`fuzzing bodies, headers and content types (${FORM} form: ${FIGURES.fuz
         expect(res.statusCode, where).toBeLessThan(500);
         const body = JSON.parse(res.body) as { detail?: unknown; request_id?: unknown };
         expect(Object.keys(body).sort(), where).toEqual(["detail", "request_id"]);
-        expect(typeof body.detail === "string" && body.detail.length > 0, where).toBe(true);
+        expect(detailMessage(body.detail).length > 0 && typeof body.detail === "object", where).toBe(true);
         expect(body.request_id).toBe(res.headers["x-request-id"]);
         expect(res.headers["x-sdk-request-id"]).toBe(body.request_id);
       }),
@@ -348,13 +349,13 @@ describe(`fuzzing bodies, headers and content types (${FORM} form: ${FIGURES.fuz
     for (const bomb of BOMBS) {
       const res = await post(bomb.coding, bomb.body);
       expect(res.statusCode, `${bomb.coding} bomb of ${bomb.body.length} bytes: ${res.body}`).toBe(413);
-      expect(JSON.parse(res.body).detail).toMatch(new RegExp(`once decoded \\(Content-Encoding ${bomb.coding}\\)`));
+      expect(detailMessage(JSON.parse(res.body).detail)).toMatch(new RegExp(`once decoded \\(Content-Encoding ${bomb.coding}\\)`));
     }
     const noise = Buffer.from(Array.from({ length: 300 }, (_, i) => (i * 131 + 17) & 0xff));
     for (const c of CODINGS) {
       const res = await post(headerOf(c), Buffer.concat([MAGIC[c], noise]));
       expect(res.statusCode, `${c}: ${res.body}`).toBe(422);
-      expect(JSON.parse(res.body).detail).toMatch(new RegExp(`could not be decoded as ${headerOf(c)}`));
+      expect(detailMessage(JSON.parse(res.body).detail)).toMatch(new RegExp(`could not be decoded as ${headerOf(c)}`));
     }
     expect(settled()).toBe(settledBefore);
     expect(accounts.balance(orgId, Date.now())).toMatchObject({ creditMicro: creditBefore, heldMicro: 0 });
@@ -372,7 +373,7 @@ describe(`fuzzing bodies, headers and content types (${FORM} form: ${FIGURES.fuz
     for (const depth of [513, 10_000, 400_000]) {
       const res = await send("[".repeat(depth) + "]".repeat(depth));
       expect(res.statusCode, `depth ${depth}: ${res.body.slice(0, 300)}`).toBe(422);
-      expect(JSON.parse(res.body).detail).toMatch(/state: a JSON state may nest objects and arrays at most 512 levels deep/);
+      expect(detailMessage(JSON.parse(res.body).detail)).toMatch(/state: a JSON state may nest objects and arrays at most 512 levels deep/);
       const d = Math.min(depth, 150_000); // 6 bytes a level: stays under 1 MiB
       const objects = await send('{"a":'.repeat(d) + "1" + "}".repeat(d));
       expect(objects.statusCode, `objects, depth ${depth}`).toBe(422);
@@ -465,7 +466,7 @@ describe("a body over 1 MiB, over a real socket", () => {
     expect(s.alive).toBe(true);
     if (r.status !== null) {
       expect(r.status).toBe(413);
-      expect(String(r.detail)).toMatch(/larger than 1 MiB/);
+      expect(detailMessage(r.detail)).toMatch(/larger than 1 MiB/);
     }
     // Whether or not the reply reached us before the socket was cut, the server logged its 413.
     await until(() => /"path":"\/v1\/systemone","status":413/.test(s.output), "the 413 in the server's log", { ms: 10_000 });
@@ -499,9 +500,9 @@ describe("a body over 1 MiB, over a real socket", () => {
         headers: { authorization: `Bearer ${serverKey}`, "content-type": "application/json", "content-encoding": bomb.coding },
         body: new Uint8Array(bomb.body),
       });
-      const body = (await res.json()) as { detail: string };
-      expect(res.status, `${bomb.coding}: ${body.detail}`).toBe(413);
-      expect(body.detail).toMatch(/once decoded/);
+      const body = (await res.json()) as { detail: unknown };
+      expect(res.status, `${bomb.coding}: ${detailMessage(body.detail)}`).toBe(413);
+      expect(detailMessage(body.detail)).toMatch(/once decoded/);
       statuses[`${bomb.coding}:${bomb.body.length}B`] = res.status;
     }
     clearInterval(sampler);

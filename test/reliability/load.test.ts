@@ -23,6 +23,7 @@ import { loadPrices } from "../../src/accounts/prices.js";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { ROOT } from "../../src/config/index.js";
 import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody } from "./harness.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const LIMIT = 4;
 const SENDERS = 2 * LIMIT;
@@ -127,7 +128,7 @@ describe(`load at 2× the concurrency limit (${FORM} form: ${FIGURES.loadSeconds
       expect(refused.length).toBeGreaterThan(0);
       for (const r of refused) {
         expect(r.retryAfter).toBe("1");
-        expect(String(r.detail)).toContain(`already has ${LIMIT} requests in flight`);
+        expect(detailMessage(r.detail)).toContain(`already has ${LIMIT} requests in flight`);
       }
 
       // The ledger, read from the server's own SQLite file while it runs.

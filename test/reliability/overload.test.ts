@@ -40,6 +40,7 @@ import { loadPrices } from "../../src/accounts/prices.js";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { loadConfig, ROOT } from "../../src/config/index.js";
 import { FIGURES, FORM, FULL, ServerProcess, call, percentile, recordFigures, score, sleep, smallBody } from "./harness.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("judge-latest", "general");
 const GRANT = 1_000_000;
@@ -87,7 +88,7 @@ beforeAll(async () => {
   store.addCredit("flood", "purchase", PURCHASE, "overload test", Date.now());
   store.close();
   // Both forms run the shipped models.json, as a new user does: judge-latest on the 1.5B build. (Until
-  // session 24 the general names ran on the 0.5B here, and the 1.5B's small-organization 529s went unseen.)
+  // 2026-11-27 the general names ran on the 0.5B here, and the 1.5B's small-organization 529s went unseen.)
   server = await startServer(null);
 });
 
@@ -182,7 +183,7 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       let nextSmall = t0 + smallEveryMs / 2;
       // And a client that keeps to its limit: with its 4 requests still in flight (slower than 4× its idle
       // latency: the p99 goal's business, recorded below), the small organization skips a send instead of
-      // drawing its own 429. On the CI's 2-core machine the fixed trickle still drew one (session 26).
+      // drawing its own 429. On the CI's 2-core machine the fixed trickle still drew one (2026-11-27).
       let smallInFlight = 0;
       let smallSkipped = 0;
       let f = 0;
@@ -262,7 +263,7 @@ describe(`overload at ${FACTOR}× the machine's throughput, two organizations ($
       for (const o of busy) {
         expect(o.org, `a ${o.status} for ${o.org}: ${JSON.stringify(o.detail)}`).toBe("flood");
         expect(Number.isInteger(Number(o.retryAfter)) && Number(o.retryAfter) >= 1, `Retry-After ${o.retryAfter}`).toBe(true);
-        expect(String(o.detail)).toMatch(/would not finish within its deadline of .* nothing was charged|the inference queue is full/);
+        expect(detailMessage(o.detail)).toMatch(/would not finish within its deadline of .* nothing was charged|the inference queue is full/);
         // Refused at once, not after waiting.
         expect(o.ms).toBeLessThan(2_000);
       }

@@ -28,6 +28,7 @@ import { DB_FILE, SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { runCli } from "../../src/cli/index.js";
 import { ROOT } from "../../src/config/index.js";
 import { PG_URL, RUN, ServerProcess, call, expectNoSecrets, score, smallBody } from "./harness.js";
+import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;
 let server: ServerProcess;
@@ -198,7 +199,7 @@ describe("a key of organization A can neither spend nor read organization B", ()
   it("an organization without credit cannot spend another's: 402 for it while the other is served", async () => {
     const poor = await score(server.url, K.poor.key, smallBody(0));
     expect(poor.status, poor.text).toBe(402);
-    expect((poor.json as { detail: string }).detail).toMatch(/organization "poor" has \$0\.000000 available/);
+    expect(detailMessage((poor.json as { detail: unknown }).detail)).toMatch(/organization "poor" has \$0\.000000 available/);
     const alpha = await score(server.url, K.alpha.key, smallBody(0));
     expect(alpha.status).toBe(200);
     expect(readStore((s) => s.ledger(K.poor.orgId)).filter((e) => e.kind === "settle")).toEqual([]);
@@ -232,7 +233,7 @@ describe("revoked keys", () => {
     expect(revoked.code, revoked.stderr).toBe(0);
     const r = await score(server.url, K.alpha2.key, smallBody(0));
     expect(r.status).toBe(401);
-    expect((r.json as { detail: string }).detail).toMatch(/revoked/);
+    expect(detailMessage((r.json as { detail: unknown }).detail)).toMatch(/revoked/);
     expect(r.headers.get("www-authenticate")).toBe("Bearer");
     const models = await call(server.url, "/v1/models", { method: "GET", headers: { authorization: `Bearer ${K.alpha2.key}` } });
     expect(models.status).toBe(401);

@@ -254,7 +254,7 @@ describe("the admission policy", () => {
     expect(j.refused).toBe("too_large");
     const e = refusal("too_large", j, { ...base, ownMs: 490_000, waitMs: 0 });
     expect(e.status).toBe(422);
-    expect(String(e.detail)).toMatch(/estimated at 490 s .*longest deadline of 600 s \(ASSAY_REQUEST_TIMEOUT_MAX_MS\)/);
+    expect(e.message).toMatch(/estimated at 490 s .*longest deadline of 600 s \(ASSAY_REQUEST_TIMEOUT_MAX_MS\)/);
   });
 
   it("a 529's detail names the estimated wait, the request's own work and its deadline", () => {
@@ -263,8 +263,8 @@ describe("the admission policy", () => {
     const e = refusal("deadline", j, n);
     expect(e.status).toBe(529);
     expect(e.retryAfterSeconds).toBe(j.retryAfterS);
-    expect(String(e.detail)).toMatch(/about 61 s of queued work .* needs about 2\.5 s; it would not finish within its deadline of 60 s/);
-    expect(String(e.detail)).toContain("nothing was charged");
+    expect(e.message).toMatch(/about 61 s of queued work .* needs about 2\.5 s; it would not finish within its deadline of 60 s/);
+    expect(e.message).toContain("nothing was charged");
   });
 
   it("the headroom rises with the recent overrun, from SAFETY up to SAFETY_MAX, and admits less", () => {
