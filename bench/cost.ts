@@ -7,8 +7,8 @@
  * time), then replayed in order through two fresh cost models with the
  * build's prior: one sees each pass as it ran, with the keys and values it
  * continues (a cached state, the pinned preamble, a long state's chunks);
- * the baseline sees the same pass without them, as admission did before
- * session 23. Each model predicts each pass before it learns from it, which
+ * the baseline sees the same pass without them, as admission did before it
+ * counted them. Each model predicts each pass before it learns from it, which
  * is the error admission lives with.
  */
 import path from "node:path";

@@ -15,7 +15,7 @@
  *   errors     src/http/errors.ts, the only place an error becomes a response
  *   onResponse metrics (requests, stages, tokens) and one JSON log line per request
  */
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { validatorCompiler } from "fastify-type-provider-zod";
 import { Admission } from "./accounts/admission.js";
 import { admissionSettings, openLimiter } from "./accounts/index.js";
@@ -30,7 +30,7 @@ import { Lifecycle } from "./http/lifecycle.js";
 import { registerOps, type FaultInjector } from "./http/ops.js";
 import { requestIdFor, setRequestIdHeaders } from "./http/request-id.js";
 import { modelLabel, registerRoutes, SYSTEMONE_PATHS } from "./http/routes.js";
-import { loggerOptions } from "./observability/logger.js";
+import { atDebug, loggerOptions } from "./observability/logger.js";
 import { metrics } from "./observability/metrics.js";
 import { Timings } from "./pipeline/timings.js";
 import type { Pipeline } from "./pipeline/types.js";
@@ -64,8 +64,13 @@ declare module "fastify" {
   }
 }
 
-/** Probes and scrapes are logged at debug, not once per second at info. */
+/**
+ * Probes and scrapes are logged at debug, not once per second at info: their
+ * request logger writes info and warn lines at debug, so a /readyz 503 while
+ * the model loads is not a warning. Errors (a 500) stay errors.
+ */
 const QUIET_PATHS = new Set(["/healthz", "/readyz", "/metrics", "/health"]);
+const quietPath = (url: string | undefined): boolean => QUIET_PATHS.has((url ?? "").split("?")[0] ?? "");
 
 export function buildApp({ config, pipeline, accounts, admission: given, logger, lifecycle: givenLifecycle, faults, startupSeconds }: AppDeps): FastifyInstance {
   const app = Fastify({
@@ -73,7 +78,11 @@ export function buildApp({ config, pipeline, accounts, admission: given, logger,
     bodyLimit: LIMITS.bodyBytes, // 1 MiB
     genReqId: requestIdFor,
     // One log line per request, written in onResponse with the organization, model and timings.
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
+    childLoggerFactory: (log, bindings, options, raw) => {
+      const child = log.child(bindings, options);
+      return quietPath(raw.url) ? atDebug(child) : child;
+    },
     // fastify's own 503 while closing has a body of its own; ours goes through the error handler.
     return503OnClosing: false,
     frameworkErrors,

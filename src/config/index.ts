@@ -57,13 +57,13 @@ const Env = z.object({
    * CPU with the express worker on: a pass also counts as short when its estimate is at most the
    * build's estimate for a pass of this many fresh tokens, so "short" follows the build and the
    * machine: 1,500 ms covers a primary-cell request on the 0.5B but not on the 1.5B, whose such a
-   * request then waited behind a flood's pass (bench/RESULTS.md, session 25). 0: the ms bound alone.
+   * request then waited behind a flood's pass (docs/experiments/admission-and-fairness.md). 0: the ms bound alone.
    */
   ASSAY_EXPRESS_MAX_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "CPU with the express worker on: a pass also counts as short when it is estimated at most as long as a pass of this many tokens on the same build, so the bound follows the build and the machine; `0` leaves `ASSAY_EXPRESS_MAX_MS` alone. See [the express worker](docs/architecture.md#the-express-worker)" }),
   /**
    * CPU: the nice value of a lane's main worker while it has an express worker beside it, so that a
    * short pass beside a long one gets most of the cores (CFS weights 1024 against 110 at nice 10;
-   * nice 5, 1024 against 335, was the default until session 21: bench/RESULTS.md).
+   * nice 5, 1024 against 335, was the default until 2026-11-26: docs/experiments/admission-and-fairness.md).
    */
   ASSAY_MAIN_WORKER_NICE: z.coerce.number().int().min(0).max(19).default(10).meta({ doc: "CPU with the express worker on: the nice value of each lane's main worker (onnxruntime's threads inherit it), so that a short pass beside a long one gets about nine tenths of the cores instead of half; `0` gives both workers equal priority. See [the express worker](docs/architecture.md#the-express-worker)" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
@@ -73,7 +73,7 @@ const Env = z.object({
   /** A state above twice this is computed apart from its questions in chunks of this many tokens' attention (Engine.stateChunk). */
   ASSAY_STATE_CHUNK_TOKENS: z.coerce.number().int().min(0).default(2048).meta({ doc: "a state longer than twice this (on builds of export format v3) is computed apart from its questions, in chunks of at most this many tokens' attention (c·(p + c) ≤ this² pairs), and cached like any state; a single pass computes the causal half of its attention for nothing. 0: only a state too long to share a pass with its widest question is" }),
   /** The most memory one pass's attention scores take per layer (Engine.maxPairs). */
-  ASSAY_PASS_ATTENTION_MB: z.coerce.number().min(0).default(256).meta({ doc: "the most memory one pass's attention scores may take per layer (heads × rows × keys × 4 bytes; builds of export format v3): a request's passes are planned within it, and a state whose own scores would exceed it is computed in chunks. onnxruntime keeps the largest buffers a worker has built for the worker's life, so this and the pass limit, not the largest request ever sent, set the workers' working memory (2–3 GB above the loaded models for the largest requests at 256, against 3–5.5 GB unbounded; bench/RESULTS.md, session 34). 0: only `ASSAY_MAX_PACKED_TOKENS` bounds a pass (up to 3 GB per score tensor at 8,192 tokens)" }),
+  ASSAY_PASS_ATTENTION_MB: z.coerce.number().min(0).default(256).meta({ doc: "the most memory one pass's attention scores may take per layer (heads × rows × keys × 4 bytes; builds of export format v3): a request's passes are planned within it, and a state whose own scores would exceed it is computed in chunks. onnxruntime keeps the largest buffers a worker has built for the worker's life, so this and the pass limit, not the largest request ever sent, set the workers' working memory (2–3 GB above the loaded models for the largest requests at 256, against 3–5.5 GB unbounded; docs/experiments/attention-and-long-states.md). 0: only `ASSAY_MAX_PACKED_TOKENS` bounds a pass (up to 3 GB per score tensor at 8,192 tokens)" }),
   /** Remove option-position bias by averaging over cyclic shifts (choice/score); default = DEFAULT_DEBIAS in src/prompt. */
   ASSAY_DEBIAS: z.enum(["off", "cyclic"]).default("cyclic").meta({ doc: "option-order debiasing: `cyclic` (extra presentations, averaged) or `off` (asked once, in the caller's order)" }),
   /** Under `cyclic`, a choice question with up to this many options is asked in all its cyclic shifts; with more, in the canonical order only. */
@@ -97,7 +97,7 @@ const Env = z.object({
   /** Fact check: above 0 (the default), a document longer than one window is read, per claim, from its passage most like the claim, up to this many tokens; 0 reads every window. */
   ASSAY_FACTCHECK_EVIDENCE_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "a document longer than one window is read, for each claim, from the passage of the document most like the claim (consecutive lines, summed BM25) of up to this many tokens (at most one window); `0` reads every window for every claim instead (the windows: cheaper for many claims on a document of few windows, less accurate on both long-document forms measured)" }),
 
-  // Accounts, credit and concurrency (README, "Credit, limits and replicas").
+  // Accounts, credit and concurrency (docs/operations.md, "Keys, credit, limits and prices").
   /** PostgreSQL URL: accounts and ledger shared by replicas. Unset = the embedded SQLite store. */
   ASSAY_DATABASE_URL: z.string().min(1).optional().meta({ doc: "PostgreSQL URL: accounts and ledger shared by replicas", shown: "unset (SQLite)" }),
   /** PostgreSQL schema for the store (created if missing); unset = the server's search_path. */
@@ -122,7 +122,7 @@ const Env = z.object({
   /** `Retry-After` seconds on 429. */
   ASSAY_RETRY_AFTER_SECONDS: z.coerce.number().int().min(0).default(1).meta({ doc: "`Retry-After` on 429" }),
 
-  // Operating it (README, "Operating it").
+  // Operating it (docs/operations.md).
   /** A request's deadline, from arrival to answer, in milliseconds; past it → 504 and its queued work is dropped. */
   ASSAY_REQUEST_TIMEOUT_MS: z.coerce.number().int().min(1).default(60_000).meta({ doc: "a request's deadline from arrival; past it → 504, queued work dropped, no charge. A request that would not finish by it is refused at admission (529); one whose own estimated work needs longer gets its estimate × 4; an admitted one runs until twice its estimated finish where that is later" }),
   /**

@@ -89,7 +89,7 @@ export class Engine {
    * tensor is [heads, rows, keys] float32 per layer, and onnxruntime's arena
    * keeps the largest it has built for the life of the worker, so the biggest
    * pass a server ever ran sets its memory from then on (an 8,000-token pass:
-   * 3 GB per operator; bench/RESULTS.md, session 34). Only builds that take
+   * 3 GB per operator; docs/experiments/attention-and-long-states.md). Only builds that take
    * past keys and values are bounded: their later passes continue the state
    * (from the prefix cache, or carried from the request's first pass with the
    * cache off), so a smaller pass costs one more reading of the weights, not
@@ -169,7 +169,7 @@ export class Engine {
     const idx = which ?? branches.map((_, i) => i);
     if (lb.build.manifest.kv === undefined || idx.length === 0) return false;
     // One pass computes all its state's rows against all its keys (the causal half masked, not skipped):
-    // in chunks, a long state costs about half the attention (bench/RESULTS.md, session 33).
+    // in chunks, a long state costs about half the attention (docs/experiments/attention-and-long-states.md).
     if (this.stateChunk > 0 && prefixLength > LONG_STATE_CHUNKS * this.stateChunk) return true;
     // The state's own scores are [state × state] in one pass: past the pair bound it is computed in chunks.
     if (prefixLength * prefixLength > this.maxPairs(lb)) return true;
@@ -309,7 +309,7 @@ export class Engine {
    * and values from the prefix cache instead of computing it again. (With the
    * cache off a request's later passes carry its state too, but a request that
    * fits one pass is kept whole there: the split was measured with the cache
-   * on only, bench/RESULTS.md, session 22.)
+   * on only, docs/experiments/prefix-cache.md.)
    */
   private splitsWidths(lb: LoadedBuild, prefixLength: number): boolean {
     return this.prefixes.enabled && carries(lb, prefixLength);
@@ -507,7 +507,7 @@ class Preambles {
  * matrix × vector, whose sums round differently from the matrix × matrix
  * products of a whole pass, and the int8 rewrite's per-row activation scales
  * amplify that (a hit read 0.27 off in log-probability on the 0.5B with one
- * row, exactly equal with two; bench/RESULTS.md, session 10).
+ * row, exactly equal with two; docs/experiments/prefix-cache.md).
  */
 export const COMPUTED_PREFIX_TOKENS = 2;
 
@@ -529,7 +529,7 @@ function carries(lb: LoadedBuild, prefixLength: number): boolean {
  * A state is computed apart, in chunks, once it is longer than this many
  * state chunks: below it, the chunks' saving in attention does not pay for
  * the passes they add (at a chunk of 2,048 on the 1.5B: even at 3,100
- * tokens, 1.07× at 4,100, 1.37× at 8,000; bench/RESULTS.md, session 33).
+ * tokens, 1.07× at 4,100, 1.37× at 8,000; docs/experiments/attention-and-long-states.md).
  */
 export const LONG_STATE_CHUNKS = 2;
 
@@ -585,8 +585,8 @@ export function branchCost(b: EncodedQuestion): number {
  * against the state; a pass continuing a cached state costs its own tokens
  * plus a fixed part, the weights read once more: about 250 ms on the 1.5B
  * and 50 ms on the 0.5B here, or 70,000 and 27,000 pairs at the cost
- * model's per-pair prior (bench/RESULTS.md, session 22). Against session
- * 19's rule (half the longest), three code search dev rows (items from tens
+ * model's per-pair prior (docs/experiments/packing-and-presentations.md). Against the
+ * earlier rule (half the longest), three code search dev rows (items from tens
  * to 1,500 tokens wide) took 0.96× the time, the widest of them 0.88×, and
  * mixed general requests 0.96–1.02×.
  */
@@ -603,7 +603,7 @@ export const MIN_SPLIT_PAIRS = 70_000;
  * of computing them again), a block narrower than the pass's longest starts
  * a pass of its own where the padding saved is worth a pass (SPLIT_WIDTH,
  * MIN_SPLIT_PAIRS): a 4-option question's shared block among 30 statements'
- * made the request 1.24× slower in one pass (bench/RESULTS.md session 19).
+ * made the request 1.24× slower in one pass (docs/experiments/packing-and-presentations.md).
  */
 export function planPasses(
   prefixLength: number,

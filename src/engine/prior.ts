@@ -7,7 +7,7 @@ import type { EncodedQuestion } from "../inference/pack.js";
  * model answers from the wording alone — a lean to "yes", to the level named
  * first, to a short key. Subtracting that reading (in normalised log space,
  * with a weight fitted per question type, `prior` in the build's calibration
- * file) leaves what the state itself moved. Measured in bench/RESULTS.md
+ * file) leaves what the state itself moved. Measured in docs/experiments/readout-study.md
  * (issue 18, the readout study).
  *
  * A prior depends only on the question's branch (its suffix and labels), not

@@ -9,7 +9,7 @@
  * MANY_OPTIONS options a question is read in every order; above it, once and
  * then shortlisted. `choice:*` is fitted on the first regime only and
  * `choice:>N` on the second, since a map fitted on one regime's readings
- * does not hold on the other's (bench/RESULTS.md, session 18). noul gets
+ * does not hold on the other's (docs/experiments/answer-quality.md). noul gets
  * Platt scaling, choice and score a temperature and a top-label map
  * (src/probability/calibration.ts says why).
  */

@@ -216,7 +216,7 @@ async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest,
  * shifts (the readout that reads best with few options), against the same
  * state, in one more pass. The shortlist's share of probability is kept and
  * split as the second reading says; the other options keep the first
- * reading. Measured in bench/RESULTS.md (issue 18). Unbilled, like the
+ * reading. Measured in docs/experiments/readout-study.md. Unbilled, like the
  * debias presentations: the caller's question was read as sent.
  */
 async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, readings: number[][], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {

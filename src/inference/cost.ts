@@ -73,7 +73,7 @@ export interface BuildFacts {
 
 /**
  * Reference: Qwen2.5-Coder-0.5B W8A8 (630M parameters, 896 × 24) on 2 cores of
- * the project's machine (bench/RESULTS.md, issue 8: 164, 612 and 2,148-token
+ * the project's machine (docs/experiments/latency-and-throughput.md: 164, 612 and 2,148-token
  * passes in 325, 1,467 and 8,179 ms) fits 1.83 ms per token and 1.84 µs per
  * attention pair. Other builds scale by parameters (linear layers, and the
  * part of a pass apart from its tokens: the weights read once more) and by

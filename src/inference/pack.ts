@@ -306,7 +306,7 @@ const byTokens = (a: readonly number[], b: readonly number[]): number => {
  * Both rules depend on the group alone, never on the rest of the pass: the
  * int8 graph reads a block laid out differently a little differently (a
  * different order of float sums crosses the per-row activation scales'
- * rounding; session 12 measured 0.08–0.13 in log-probability), so a question
+ * rounding: 0.08–0.13 in log-probability, docs/experiments/packing-and-presentations.md), so a question
  * must be laid out the same alone, among 63 others, with its options in any
  * order, and in any pass of a multi-pass read.
  */

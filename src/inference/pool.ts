@@ -78,7 +78,7 @@ interface Job {
  * request does not wait out a large request's pass. The two share the cores:
  * measured here (2 cores, 2 threads each, 0.5B), a 189-token pass took 0.41 s
  * alone and about 0.8 s beside a 4,759-token one, and the pair did the same
- * total work per second as one worker (bench/RESULTS.md, "Fairness").
+ * total work per second as one worker (docs/experiments/admission-and-fairness.md).
  * The default build loads into it at boot (preloadExpress), other builds on
  * first need (no memory spent until passes contend); a pass whose model is
  * still loading waits for the main worker.
@@ -399,7 +399,7 @@ export class InferencePool {
    * `expressMaxTokens` fresh tokens where that is longer. A fixed bound in ms
    * fitted the 0.5B; on the 1.5B (the default build) a one-question request
    * on a 500-token state is estimated at about 2 s, so it waited behind a
-   * flood's pass of a minute (bench/RESULTS.md, session 25). Taken from the
+   * flood's pass of a minute (docs/experiments/admission-and-fairness.md). Taken from the
    * live cost model, the bound follows the machine's pace as well.
    */
   private expressLimit(model: string): number {
@@ -693,7 +693,7 @@ export class InferencePool {
    * instead of on first need. Boot does it for the default build: loaded on
    * first need, the first short pass of a flood's victim waited behind the
    * long pass and the load (2.5–3 s for the 1.5B build: the small
-   * organization's p99 in the overload test, bench/RESULTS.md). Costs one
+   * organization's p99 in the overload test, docs/experiments/admission-and-fairness.md). Costs one
    * more session's memory per lane.
    */
   async preloadExpress(model: string): Promise<void> {

@@ -10,7 +10,7 @@ export interface LaneOptions {
   /**
    * onnxruntime's intra-op threads spin while they wait for work (its default). Off, they sleep:
    * about 9% slower on an idle machine's pass, and a short pass beside a long one (the express
-   * worker) gets the cores sooner (bench/RESULTS.md, session 8).
+   * worker) gets the cores sooner (docs/experiments/admission-and-fairness.md).
    */
   spinning: boolean;
   /** Fall back to the CPU provider when CUDA cannot start. */

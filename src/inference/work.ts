@@ -32,7 +32,7 @@ import type { PassShape } from "./cost.js";
  * finish with the SAFETY headroom, so two large code search requests of one
  * caller, sent together, are both answered though they differ in size. Three
  * (room for as much work as its own) refused one pair in eight on the dev
- * data: a 64 s request behind a 92 s one (bench/RESULTS.md, session 12).
+ * data: a 64 s request behind a 92 s one (docs/experiments/code-search-history.md).
  */
 export const DEADLINE_MARGIN = 4;
 /** The admission check's headroom on the estimated finish. */
@@ -102,7 +102,7 @@ export interface PlannedPass {
 /**
  * Escalating families (code search and fact check base names) plan the large
  * build's passes for this share of the items, the longest ones, when they are
- * admitted: on the dev data 20–31% of items are unsure (bench/RESULTS.md).
+ * admitted: on the dev data 20–31% of items are unsure (docs/experiments/code-search-history.md).
  * The credit hold still covers every item. When the small build has scored
  * and the unsure items are known, the request replans with exactly those
  * (`AdmittedWork.replan`), which raises its deadline if it needs more, up to

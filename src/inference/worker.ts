@@ -29,7 +29,7 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
     graphOptimizationLevel: "all",
     // Masked attention scores underflow to denormals in softmax, which run
     // ~3x slower on x86; flushing them to zero cut softmax time from 470 to
-    // 150 ms per 740-token pass (see bench/RESULTS.md).
+    // 150 ms per 740-token pass (see docs/experiments/latency-and-throughput.md).
     extra: { session: { set_denormal_as_zero: "1", "intra_op.allow_spinning": lane.spinning ? "1" : "0" } },
   };
   let file = model;
@@ -87,7 +87,7 @@ async function injectFault(t: InferTask): Promise<void> {
  * a cached prefix's keys and values are copied here, on the worker's thread.
  * Into a buffer this worker keeps: a fresh 115 MB array (a 2,000-token state
  * of the 1.5B build) cost 60–430 ms in page faults and collection, against
- * 11 ms to copy into memory already touched (bench/RESULTS.md, session 22).
+ * 11 ms to copy into memory already touched (docs/experiments/prefix-cache.md).
  * A worker runs one task at a time (piscina's concurrentTasksPerWorker 1) and
  * onnxruntime does not hold a feed past `run`, so one buffer serves every
  * pass. Prefixes above SCRATCH_MAX_BYTES get a fresh array, so that one long

@@ -5,12 +5,12 @@ import fs from "node:fs";
  * `model.onnx` multiplies uint8 activations by int8 weights, exact in
  * onnxruntime's kernels only where the CPU has VNNI or AMX; elsewhere (AVX2,
  * AVX-512 without VNNI) they add pairs of products into int16 with
- * saturation and the answers drift (bench/RESULTS.md, session 26).
+ * saturation and the answers drift (docs/experiments/int8-and-gpu.md).
  * `model.u8u8.onnx` holds the same weights as uint8 (zero point 128): the
  * same integer products, exact on every CPU. `model.s8s8.onnx` quantizes the
  * activations to int8 and scales the sums with Cast + Mul: the CUDA provider
  * has kernels for int8 × int8 MatMulInteger and none for u8 × s8 or for an
- * int32 DequantizeLinear, which would run on the host CPU (session 27).
+ * int32 DequantizeLinear, which would run on the host CPU (docs/experiments/int8-and-gpu.md).
  */
 export type Int8Products = "u8s8" | "u8u8" | "s8s8";
 
@@ -30,7 +30,7 @@ function cpuFlags(): Set<string> | null {
 /**
  * `auto`: s8 × s8 on a GPU (every quantized op on the device); on a CPU, u8 ×
  * s8 where it is known to have VNNI or AMX, u8 × u8 otherwise, an unknown CPU
- * included (exact everywhere; on an AVX2 CPU it is no slower, bench/RESULTS.md).
+ * included (exact everywhere; on an AVX2 CPU it is no slower, docs/experiments/int8-and-gpu.md).
  */
 export function int8Products(setting: "auto" | Int8Products, provider: "cpu" | "cuda", flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
   if (setting !== "auto") {

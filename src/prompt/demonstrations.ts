@@ -16,8 +16,7 @@ import type { Question, State } from "../validate/schema.js";
  * pays only attention to them. Changing a word here changes every reading:
  * the build's maps must be refitted (`assay calibrate`).
  *
- * Shown on neither shipped build: measured on the 1.5B (bench/RESULTS.md,
- * session 11), they turn the sanity suite's five negation misses right (all
+ * Shown on neither shipped build: measured on the 1.5B (docs/experiments/readout-study.md), they turn the sanity suite's five negation misses right (all
  * five examples, and the first two alone) but read every dev set worse
  * (BoolQ AUROC 0.754 → 0.737, SummEdits 0.770 → 0.699, AG News 0.76 → 0.74 on
  * the same 100 rows): the examples' short states pull the model away from

@@ -9,7 +9,7 @@ import { eng } from "stopword";
  * what surrounds the matching lines; a collage of the best-matching lines from
  * anywhere lost to it on both long-document forms measured, and it read
  * claims at least as well as every window did (a little better on both, within
- * noise) for a fifth of the tokens (bench/RESULTS.md, session 31). Each claim's cut depends on the document and that claim alone, never on
+ * noise) for a fifth of the tokens (docs/experiments/fact-check.md). Each claim's cut depends on the document and that claim alone, never on
  * the other claims of a request.
  */
 

@@ -27,7 +27,7 @@ function open(style: PromptStyle, system: string, body: string): string {
 // SummEdits / WiCE at balanced accuracy 0.70 / 0.62 (AUROC 0.76 / 0.64), the
 // fact checker's own wording ("Claim: … Is the claim supported by the
 // document?" under a fact checker system text) 0.64 / 0.56 (the readout study,
-// bench/RESULTS.md issue 18).
+// docs/experiments/readout-study.md).
 const CLAIM_QUESTION = "The document supports this claim: ";
 
 /** The general noul question a claim is read as. */

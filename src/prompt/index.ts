@@ -174,7 +174,7 @@ export function buildQuestion(
       // Asked as a question about the state, whether the instructions are a
       // question or a statement: "Statement: … Is the statement true of the
       // state?" read near chance on BoolQ and on fact check claims with the
-      // 1.5B build (the readout study, bench/RESULTS.md issue 18). A
+      // 1.5B build (the readout study, docs/experiments/readout-study.md). A
       // statement's second reading (`trueFalse`) asks "true or false", where
       // "no" to a negated statement would also be how a speaker agrees with
       // it ("The package did not arrive." — "No.").
@@ -211,7 +211,7 @@ export function buildQuestion(
         // Up to 8 options are numbered and the number is read: "1" … "k" are
         // short, distinct and read alike for every option, and the lean to a
         // number cancels over the cyclic shifts (all k are shown for k ≤ 8).
-        // Measured in bench/RESULTS.md (issue 18, the readout study).
+        // Measured in docs/experiments/readout-study.md.
         return numberedQuestion(style, id, "choice", lines, shown, line, keys);
       }
       // More options are shown once (canonical order): a number would carry
@@ -266,7 +266,7 @@ export function buildQuestion(
  *   canonical order is shown: a partial set of shifts does not cancel the
  *   bias and costs a full option list per shift (measured on BANKING77, 77
  *   options: 2 shifts gave the same accuracy as 1 at 4× the time, see
- *   bench/RESULTS.md). Either way the set of presentations depends only on
+ *   docs/experiments/answer-quality.md). Either way the set of presentations depends only on
  *   the set of options, so the answer cannot depend on the order the caller
  *   wrote them in.
  * - `score`: levels are ordered by meaning, so they are not rotated; they are
@@ -285,7 +285,7 @@ export const NO_DEBIAS: Debias = Object.freeze({ mode: "off", maxShifts: 1 });
 
 /**
  * The default (ASSAY_DEBIAS=cyclic, ASSAY_DEBIAS_MAX_SHIFTS=8; the figures
- * behind it are in bench/RESULTS.md, issue 6): all shifts for up to 8
+ * behind it are in docs/experiments/answer-quality.md): all shifts for up to 8
  * options, the canonical order alone above that.
  */
 export const DEFAULT_DEBIAS: Debias = Object.freeze({ mode: "cyclic", maxShifts: 8 });
@@ -335,13 +335,13 @@ export function buildPrompt(
       const main = buildQuestion(style, id, q, q.type === "noul" ? undefined : first, { debiased });
       const others = rest.map((o) => buildQuestion(style, id, q, o, { debiased }));
       // Named score levels are also read by their listed position, both ways
-      // (the readout study, bench/RESULTS.md issue 18: names and numbers
+      // (the readout study, docs/experiments/readout-study.md: names and numbers
       // err differently, and their average beats either).
       if (debiased && q.type === "score" && shortNames(q.criteria) && rest.length > 0) {
         for (const o of [first!, ...rest]) others.push(buildQuestion(style, id, q, o, { debiased, positions: true }));
       }
       // A statement is read both as a yes/no question and as true/false, and
-      // the two averaged (the readout study, bench/RESULTS.md issue 18).
+      // the two averaged (the readout study, docs/experiments/readout-study.md).
       if (isStatement(q)) others.push(buildQuestion(style, id, q, undefined, { trueFalse: true }));
       const plain = debiased ? buildQuestion(style, id, q).suffix : main.suffix;
       const own = plain === main.suffix ? null : plain;

@@ -36,7 +36,7 @@ describe("fact check in windows", () => {
 
   it("reads a long document in overlapping windows and finds a claim supported only at its end (judge-factcheck-max, and judge-factcheck as -max)", async () => {
     // The large build: with the 0.5B the filler's own "yes" lean (raw 0.56) outbids the window that holds
-    // the claim; a content-free prior for the family was measured and not shipped (bench/RESULTS.md, issue 18).
+    // the claim; a content-free prior for the family was measured and not shipped (docs/experiments/fact-check.md).
     const lb = engine.build("judge-factcheck-max");
     const docTokens = lb.tokenizer.encode(long).length;
     const chunks = chunkRanges(docTokens, CHUNK, OVERLAP).length;

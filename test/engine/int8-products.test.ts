@@ -7,7 +7,7 @@
  * everywhere; the u8 × s8 one is exact only where the CPU has VNNI or AMX, so
  * where `ASSAY_INT8_PRODUCTS=auto` picks u8 × s8 it must be exact here. On a
  * CPU without them (an AVX2 AMD EPYC) the u8 × s8 product is wrong in almost
- * every entry (bench/RESULTS.md, session 26).
+ * every entry (docs/experiments/int8-and-gpu.md).
  *
  * The one-node graphs are encoded here (a few protobuf fields), so the test
  * needs no Python and no exported model.

@@ -5,7 +5,7 @@
  * 4-option question) runs on the express worker beside a long pass, though
  * its estimate is far above ASSAY_EXPRESS_MAX_MS. With the bound in ms alone,
  * such a request on the 1.5B waited 30–40 s behind a flood's pass or was
- * refused 529 (bench/RESULTS.md, session 25). The ms bound is set to 1 here,
+ * refused 529 (docs/experiments/admission-and-fairness.md). The ms bound is set to 1 here,
  * so only the token bound can send the request beside: the outcome does not
  * depend on how fast this machine is.
  */

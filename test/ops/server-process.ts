@@ -59,7 +59,11 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
       void exited.then(({ code }) => reject(new Error(`server exited (${code}) before ${re}:\n${raw.slice(-3000)}`)));
     });
   };
-  const listening = await waitForLog(/^assay listening/, 60_000);
+  // A server that never says it listens is killed, not left running past the test.
+  const listening = await waitForLog(/^assay listening/, 60_000).catch((e: unknown) => {
+    proc.kill("SIGKILL");
+    throw e;
+  });
   return {
     proc,
     url: `http://127.0.0.1:${String(listening.port)}`,

@@ -25,9 +25,8 @@ import { SANITY_CASES, SANITY_REQUESTS, type Expectation, type SanityCase } from
  * took one off the list (96 of 101). The rest read +0.4 to +1.0 in log-odds
  * after the prior, below the noul map's threshold (+1.05); that threshold is
  * the model's lean to "yes" on everyday questions as well as on the dev
- * sets (session 32: yes/no sets derived from the labelled data want +0.3 to
- * +0.95), and no map that lowers it holds held out (bench/RESULTS.md,
- * issue 18). They are listed, not dropped, so the suite still fails on any
+ * sets (yes/no sets derived from the labelled data want +0.3 to +0.95),
+ * and no map that lowers it holds held out (docs/experiments/answer-quality.md). They are listed, not dropped, so the suite still fails on any
  * other miss and the list can only shrink as the readout improves.
  */
 const KNOWN_MISSES = new Set([

@@ -252,7 +252,7 @@ export function expectNoSecrets(logs: string, keys: readonly string[]): number {
   return logs.split("\n").filter((l) => l.trim() !== "").length;
 }
 
-/** Appends a line of figures to `.cache/reliability/<form>.jsonl` (the numbers recorded in bench/RESULTS.md). */
+/** Appends a line of figures to `.cache/reliability/<form>.jsonl` (the numbers recorded in docs/experiments/). */
 export function recordFigures(test: string, figures: Record<string, unknown>): void {
   const dir = path.join(ROOT, ".cache", "reliability");
   fs.mkdirSync(dir, { recursive: true });

@@ -38,7 +38,7 @@ describe("the cost model", () => {
 
   it("the prior for the reference build on 2 threads reproduces the recorded passes within 15%", () => {
     const m = new CostModel(prior);
-    // bench/RESULTS.md, issue 8: 164, 612 and 2,148 packed tokens (one question, 4 options).
+    // docs/experiments/latency-and-throughput.md: 164, 612 and 2,148 packed tokens (one question, 4 options).
     for (const [tokens, ms] of [
       [164, 325],
       [612, 1467],
