@@ -4,7 +4,8 @@
  * absolute times are for orientation only). Results: bench/out/<scenario>-<time>.{json,md}
  * (and .svg for latency and batch). Scenarios: state-sharing, latency (the krite-bench matrix in
  * layers, with the naive and llama.cpp baselines), batch (assay batch grouped vs ungrouped),
- * families (code search and fact check names vs one request per item).
+ * families (code search and fact check names vs one request per item), codesearch (what each code
+ * search name keeps at noul > 0.5 on the dev rows).
  */
 import { Command } from "commander";
 import { loadConfig } from "../src/config/index.js";
@@ -19,6 +20,7 @@ import { PASS_MEMORY_CASES, passMemoryScenario, passMemorySide } from "./pass-me
 import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
+import { codesearchScenario } from "./codesearch.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
 import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
 
@@ -215,6 +217,23 @@ program
   .option("--naive-sample <n>", "items per request timed alone for the naive baseline", int("--naive-sample"), 4)
   .action(async (o: { codeRows: number; factRows: number; naiveSample: number }) => {
     await familiesScenario(o, command());
+  });
+
+program
+  .command("codesearch")
+  .description("code search names on the dev rows: recall and kept share at noul > 0.5, AUROC, kept share for 95% recall, seconds per request")
+  .option("--names <list>", "code search names", "judge-codegrep-lite,judge-codegrep,judge-codegrep-max")
+  .option("--rows <n>", "dev rows, spread evenly over the file (default: all 57)", int("--rows"))
+  .option("--slice <from:to>", "only these of the rows chosen (end excluded)")
+  .option("--save-raw", "append raw scores to .cache/codesearch/raw-<name>.jsonl and skip rows already saved", false)
+  .option("--stride <n>", "then every n-th row", int("--stride"))
+  .option("--preview-chars <n>", "cut file previews to this many characters before sending (a study lever)", int("--preview-chars"))
+  .action(async (o: { names: string; rows?: number; slice?: string; stride?: number; saveRaw: boolean; previewChars?: number }) => {
+    const names = o.names.split(",").map((x) => x.trim());
+    await codesearchScenario(
+      { names, saveRaw: o.saveRaw, ...(o.rows ? { rows: o.rows } : {}), ...(o.slice ? { slice: o.slice } : {}), ...(o.stride ? { stride: o.stride } : {}), ...(o.previewChars ? { previewChars: o.previewChars } : {}) },
+      command(),
+    );
   });
 
 program

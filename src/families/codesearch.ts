@@ -1,6 +1,8 @@
 import type { ResolvedModel } from "../models/registry.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import { adjustForRecall } from "../probability/recall.js";
+import { readRequest, readingNoul, type CodeSearchReading } from "../probability/codesearch-reading.js";
+import { requestEvidence, type RequestEvidence } from "../prompt/codesearch-features.js";
 import { codesearchItem, codesearchPrefix, codesearchWholeState, type CodeItem } from "../prompt/families.js";
 import { codeSearchRequest } from "../validate/families.js";
 import type { NoulAnswer, RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
@@ -13,9 +15,25 @@ import { encodeBranches, plannedPasses, scoreYesNo, type EncodedBranches } from 
  * Code search: one query, many items; the probability that an agent needs
  * each. The query is the shared prefix, every item a branch. `-lite` scores
  * with the small build, `-max` with the large one, the base name escalates
- * the items the small build is unsure about. `noul` is the recall-adjusted
- * score (src/probability/recall.ts); `details` carries the raw one.
+ * the items the small build is unsure about. `noul` is the build's reading of
+ * the whole request (src/probability/codesearch-reading.ts: the model's score
+ * with what the issue names of each item, files against each other, folders
+ * from the files beneath them), recall-adjusted so that noul > 0.5 keeps about
+ * 95% of the needed items; `details.raw` is the model's own probability. A
+ * string state, or a build without a fitted reading, gets the plain recall
+ * shift of the raw score (src/probability/recall.ts).
  */
+
+/**
+ * Characters of a file preview the model reads. The lexical evidence reads
+ * the whole preview; the model's share of the reading is small beside it, and
+ * a 300-character preview (the module's docstring and imports) costs a 30-item
+ * request about 3,500 tokens instead of 11,000, attention growing with the
+ * square of an item's length. Held out, the reading keeps as few items at the
+ * same recall as with 600 characters or the whole preview
+ * (docs/experiments/codesearch-readings.md).
+ */
+export const PREVIEW_CHARS = 300;
 
 /** Prompt tokens above which an item is not scored (spec: overflow). */
 export const ITEM_TOKEN_LIMIT = 8192;
@@ -32,14 +50,20 @@ interface Parsed {
   prefixText: string;
   ids: string[];
   suffixTexts: string[];
+  /** Null for a string state: nothing to read the items against. */
+  evidence: RequestEvidence | null;
 }
+
+const cutPreview = (item: CodeItem): CodeItem =>
+  item.filePreview && item.filePreview.text.length > PREVIEW_CHARS ? { ...item, filePreview: { text: item.filePreview.text.slice(0, PREVIEW_CHARS) } } : item;
 
 function parse(env: RequestEnvelope, lbStyle: Parameters<typeof codesearchPrefix>[0]): Parsed {
   const req = codeSearchRequest(env);
   const suffixTexts = req.items
-    ? req.items.map((item, i) => codesearchItem(lbStyle, item as CodeItem, req.instructions[i]))
+    ? req.items.map((item, i) => codesearchItem(lbStyle, cutPreview(item as CodeItem), req.instructions[i]))
     : req.instructions.map((text) => codesearchWholeState(lbStyle, text));
-  return { prefixText: codesearchPrefix(lbStyle, req.query), ids: req.ids, suffixTexts };
+  const evidence = req.items ? requestEvidence(req.query, req.items as CodeItem[]) : null;
+  return { prefixText: codesearchPrefix(lbStyle, req.query), ids: req.ids, suffixTexts, evidence };
 }
 
 export async function runCodeSearch(
@@ -105,6 +129,12 @@ export async function runCodeSearch(
 
       const t2 = performance.now();
       const largeFit = large ? familyFit(large, "codesearch", CodeSearchFit) : null;
+      // The base name reads its mixed scores with the reading fitted for them; without one, as the small build.
+      const reading: CodeSearchReading | undefined = large ? (firstFit?.reading_escalated ?? firstFit?.reading) : firstFit?.reading;
+      const read =
+        parsed.evidence && reading
+          ? readRequest(parsed.evidence, raw.map((r, i) => (overflow[i] ? Number.NaN : r)), reading, large ? { small: small.p, large: largeP } : undefined).p
+          : null;
       const answers: Record<string, NoulAnswer> = {};
       const details: Record<string, CodeSearchDetail> = {};
       parsed.ids.forEach((id, i) => {
@@ -116,7 +146,8 @@ export async function runCodeSearch(
         const fit = escalated[i] ? largeFit : firstFit;
         const scores: Record<string, number> = { [model.build]: small.p[i]! };
         if (escalated[i]) scores[model.escalateTo!] = largeP[i]!;
-        answers[id] = { type: "noul", noul: adjustForRecall(raw[i]!, fit?.recall) };
+        const noul = read && reading ? readingNoul(read[i]!, reading, parsed.evidence!.folder[i] !== null) : adjustForRecall(raw[i]!, fit?.recall);
+        answers[id] = { type: "noul", noul };
         details[id] = { raw: raw[i]!, overflow: false, escalated: escalated[i]!, scores };
       });
       ctx.timings.add("probability", performance.now() - t2);

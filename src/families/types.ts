@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { Engine, LoadedBuild } from "../engine/index.js";
 import type { Debias } from "../prompt/index.js";
+import { CodeSearchReading } from "../probability/codesearch-reading.js";
 
 /** How a fact check document is read: windows of `chunkTokens`, and a longer one from each claim's evidence cut of `evidenceTokens` tokens (0: every window). */
 export interface DocumentReading {
@@ -31,6 +32,10 @@ export const CodeSearchFit = z.looseObject({
   recall: z.object({ target: z.number().gt(0).lt(1), threshold: z.number().gt(0).lt(1) }).optional(),
   /** Small-model scores that count as unsure and escalate (`judge-codegrep`). */
   band: BandFit.optional(),
+  /** The request-level reading (src/probability/codesearch-reading.ts); `recall` above then serves string states only. */
+  reading: CodeSearchReading.optional(),
+  /** Small build only: the reading of the escalating name's mixed scores. */
+  reading_escalated: CodeSearchReading.optional(),
 });
 export type CodeSearchFit = z.infer<typeof CodeSearchFit>;
 

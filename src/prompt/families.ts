@@ -71,7 +71,7 @@ export interface CodeItem {
  * (`assay calibrate`) are keyed by it, since a fit belongs to the prompt it
  * was fitted under as much as to the weights.
  */
-export const FAMILY_PROMPT_VERSION = 5;
+export const FAMILY_PROMPT_VERSION = 6;
 
 // Measured on 5 dev rows (150 items) with the 0.5B build: this framing (a bug
 // report, the item as a fenced file, "would you need to look at it") gave

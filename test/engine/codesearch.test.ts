@@ -16,7 +16,12 @@ import { AssayError } from "../../src/errors/catalogue.js";
 import { chargeFor } from "../../src/accounts/money.js";
 import { loadPrices } from "../../src/accounts/prices.js";
 import { DEFAULT_BAND } from "../../src/families/escalation.js";
+import { PREVIEW_CHARS } from "../../src/families/codesearch.js";
 import { CodeSearchFit, familyFit } from "../../src/families/types.js";
+import { ROOT } from "../../src/config/index.js";
+import { readRequest, readingNoul } from "../../src/probability/codesearch-reading.js";
+import { requestEvidence } from "../../src/prompt/codesearch-features.js";
+import type { CodeItem } from "../../src/prompt/families.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
@@ -54,6 +59,8 @@ const items = [
   },
 ];
 const questions = { q0: { type: "noul" }, q1: { type: "noul" }, q2: { type: "boolean" } };
+/** Dev rows (../shared/data/code_search.jsonl) read whole by the reading test. */
+const DEV_ROWS = ["swebench-lite-pydata__xarray-4493", "swebench-lite-sphinx-doc__sphinx-10451"];
 
 function ask(model: string, state: unknown, qs: Record<string, unknown>): Promise<SystemOneResponse> {
   const env = { model, state, questions: qs } as RequestEnvelope;
@@ -109,18 +116,57 @@ describe("code search (judge-codegrep-lite, the small build)", () => {
     }
     // The file named in the issue is more likely needed than the logo.
     expect(details.q0!.raw).toBeGreaterThan(details.q1!.raw);
-    // The adjustment is monotone: raw order is noul order.
-    const byRaw = ["q0", "q1", "q2"].sort((a, b) => details[a]!.raw - details[b]!.raw);
-    const byNoul = ["q0", "q1", "q2"].sort((a, b) => (res.answers[a] as { noul: number }).noul - (res.answers[b] as { noul: number }).noul);
-    expect(byNoul).toEqual(byRaw);
+    // noul is the build's reading of the whole request from the raw scores served in details.
+    const reading = familyFit(engine.build("judge-codegrep-lite"), "codesearch", CodeSearchFit)?.reading;
+    expect(reading).toBeDefined();
+    const p = readRequest(requestEvidence(query, items), ["q0", "q1", "q2"].map((q) => details[q]!.raw), reading!).p;
+    ["q0", "q1", "q2"].forEach((q, i) => expect((res.answers[q] as { noul: number }).noul).toBeCloseTo(readingNoul(p[i]!, reading!, items[i]!.kind === "directory"), 9));
+    // The named file and its folder are kept, the logo is not.
+    expect((res.answers.q0 as { noul: number }).noul).toBeGreaterThan(0.5);
+    expect((res.answers.q2 as { noul: number }).noul).toBeGreaterThan(0.5);
+    expect((res.answers.q1 as { noul: number }).noul).toBeLessThan(0.5);
     expect(res.usage.input_tokens).toBeGreaterThan(100);
   });
+
+  it("on dev rows, keeps the needed file and drops most of the rest at noul > 0.5", async () => {
+    // Two dev rows whose needed file the issue does not name by path: the reading must find it from
+    // the issue's words and the model's score. The reading was fitted on the dev rows, so this checks
+    // that the engine applies it to the request as a whole, not a held-out figure.
+    const dev = fs
+      .readFileSync(path.join(ROOT, "..", "shared", "data", "code_search.jsonl"), "utf8")
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { id: string; query: string; items: CodeItem[]; needed: string[] });
+    let kept = 0;
+    let total = 0;
+    for (const id of DEV_ROWS) {
+      const row = dev.find((r) => r.id === id)!;
+      const qs = Object.fromEntries(row.items.map((it) => [`q${it.id.slice(1)}`, { type: "noul" }]));
+      const res = await ask("judge-codegrep-lite", { query: row.query, items: row.items }, qs);
+      const noul = (it: { id: string }) => (res.answers[`q${it.id.slice(1)}`] as { noul: number }).noul;
+      const neededFile = row.items.find((it) => row.needed.includes(it.id) && it.kind === "file")!;
+      expect(noul(neededFile), `${id}: ${neededFile.path}`).toBeGreaterThan(0.5);
+      kept += row.items.filter((it) => noul(it) > 0.5).length;
+      total += row.items.length;
+    }
+    expect(kept / total).toBeLessThan(0.5);
+  }, 600_000);
 
   it("scores an item the same alone as among others (shared query prefix, own branch)", async () => {
     const all = await ask("judge-codegrep-lite", { query, items }, questions);
     const alone = await ask("judge-codegrep-lite", { query, items: [items[0]] }, { q0: { type: "noul" } });
     const d = (r: SystemOneResponse) => (r.details as Record<string, { raw: number }>).q0!.raw;
     expect(Math.abs(d(all) - d(alone))).toBeLessThan(0.01);
+  });
+
+  it("reads the first PREVIEW_CHARS of a file preview with the model, and all of it for the issue's words", async () => {
+    const head = items[0]!.filePreview!.text.padEnd(PREVIEW_CHARS, "#");
+    const one = (text: string) => ask("judge-codegrep-lite", { query, items: [{ ...items[0]!, filePreview: { text } }, items[1]] }, { q0: { type: "noul" }, q1: { type: "noul" } });
+    const short = await one(head);
+    const long = await one(head + "\ndef unrelated():\n    pass\n".repeat(50));
+    const raw = (r: SystemOneResponse) => (r.details as Record<string, { raw: number }>).q0!.raw;
+    expect(raw(long)).toBe(raw(short));
+    expect(long.usage.input_tokens).toBe(short.usage.input_tokens);
   });
 
   it("accepts a string state, used whole for every question", async () => {
@@ -133,7 +179,13 @@ describe("code search (judge-codegrep-lite, the small build)", () => {
   });
 
   it("does not score or bill an item whose prompt exceeds 8,192 tokens", async () => {
-    const big = { id: "n3", path: "data/huge.py", kind: "file", filePreview: { text: "x = 1  # padding\n".repeat(3000) } };
+    // A file's preview is cut for the model (PREVIEW_CHARS), a folder's listing is not.
+    const big = {
+      id: "n3",
+      path: "data/huge",
+      kind: "directory",
+      childPreview: { entries: Array.from({ length: 3000 }, (_, i) => ({ name: `generated_module_${i}.py`, kind: "file" })) },
+    };
     const withBig = await ask("judge-codegrep-lite", { query, items: [...items, big] }, { ...questions, q3: { type: "noul" } });
     const without = await ask("judge-codegrep-lite", { query, items }, questions);
     expect(withBig.answers.q3).toEqual({ type: "noul", noul: 1 });
@@ -152,7 +204,7 @@ describe("code search (judge-codegrep-lite, the small build)", () => {
     expect(await status422("judge-codegrep-lite", { query }, questions)).toMatch(/state/);
     // The object form's own rule, not the string-or-object union's "Invalid input".
     expect(await status422("judge-codegrep-lite", { query, items: [{ id: "n0", path: "a.py" }] }, { q0: { type: "noul" } })).toMatch(
-      /; state\.items\.0\.kind: Invalid input: expected string, received undefined$/,
+      /^state\.items\.0\.kind: Invalid input: expected string, received undefined \(a code search state is /,
     );
     expect(await status422("judge-codegrep-lite", { query, items: [items[0], items[0]] }, { q0: { type: "noul" } })).toMatch(
       /more than once/,
@@ -227,6 +279,10 @@ describe("the large build on demand", () => {
     expect(body.effort).toBe("high");
     expect(body.request_id).toBe(res.headers["x-request-id"]);
     for (const q of ["q0", "q1", "q2"]) expect(Object.keys(body.details[q].scores)).toEqual([LARGE]);
+    const maxReading = familyFit(engine.build("judge-codegrep-max"), "codesearch", CodeSearchFit)?.reading;
+    expect(maxReading).toBeDefined();
+    const p = readRequest(requestEvidence(query, items), ["q0", "q1", "q2"].map((q) => body.details[q].raw as number), maxReading!).p;
+    ["q0", "q1", "q2"].forEach((q, i) => expect(body.answers[q].noul).toBeCloseTo(readingNoul(p[i]!, maxReading!, items[i]!.kind === "directory"), 9));
     const price = loadPrices(loadConfig({}).pricesFile).priceFor("judge-codegrep-max", "codesearch");
     expect(price).toBe(120_000);
     expect(accounts.balance(org.id, Date.now())).toMatchObject({
@@ -256,6 +312,15 @@ describe("the large build on demand", () => {
         expect(bd[q]!.raw).toBeCloseTo(ld[q]!.raw, 6);
       }
     }
+    // The base name reads the small build's scores, and the large build's where it rescored, with its own reading.
+    const fit = familyFit(engine.build("judge-codegrep"), "codesearch", CodeSearchFit);
+    const reading = fit?.reading_escalated ?? fit?.reading;
+    expect(reading).toBeDefined();
+    const qs = ["q0", "q1", "q2"];
+    const small = qs.map((q) => bd[q]!.scores[SMALL]!);
+    const largeP = qs.map((q) => bd[q]!.scores[LARGE] ?? Number.NaN);
+    const p = readRequest(requestEvidence(query, items), qs.map((q) => bd[q]!.raw), reading!, { small, large: largeP }).p;
+    qs.forEach((q, i) => expect((base.answers[q] as { noul: number }).noul).toBeCloseTo(readingNoul(p[i]!, reading!, items[i]!.kind === "directory"), 9));
     if (escalated === 0) expect(base.usage.input_tokens).toBe(lite.usage.input_tokens);
     else expect(base.usage.input_tokens).toBeGreaterThan(lite.usage.input_tokens);
   });
