@@ -29,7 +29,7 @@ import { buildPrefix } from "../../src/prompt/index.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import { metrics } from "../../src/observability/metrics.js";
-import type { NoulAnswer, Question, RequestEnvelope } from "../../src/validate/schema.js";
+import type { NoulAnswer, Question, RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
 import { startEngine } from "./engine.js";
 
 const TOL = 1e-4;
@@ -319,7 +319,9 @@ describe("prefix cache", () => {
     const c2 = await run("judge-codegrep-lite", { ...cs, items: cs.items.slice(0, 1) }, { q0: { type: "noul" } });
     expect(c1.cached).toBe(0);
     expect(c2.cached).toBeGreaterThan(0);
-    expect(Math.abs((c2.r.answers.q0 as NoulAnswer).noul - (c1.r.answers.q0 as NoulAnswer).noul)).toBeLessThanOrEqual(TOL);
+    // The model's own reading through the cache; `noul` reads the whole request (its other items), so it may move.
+    const raw = (r: SystemOneResponse) => (r.details as Record<string, { raw: number }>).q0!.raw;
+    expect(Math.abs(raw(c2.r) - raw(c1.r))).toBeLessThanOrEqual(TOL);
   }, 120_000);
 
   it("a state longer than a pass is computed in chunks and its branches read against it, as in one pass", async () => {
