@@ -5,6 +5,7 @@
  * must come from a repository the fit never saw. Offline only.
  */
 import fs from "node:fs";
+import { mulberry32 } from "../src/eval/calibrate.js";
 import { fitRecallThreshold } from "../src/eval/fitting.js";
 import { auroc } from "../src/eval/metrics.js";
 import { logit } from "../src/probability/calibration.js";
@@ -292,16 +293,6 @@ export function heldOutNoul(rows: readonly ScoredRow[], lever: Lever, target: nu
   return out;
 }
 
-function mulberry(seed: number) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 export function summarize(rows: readonly ScoredRow[], noul: Map<string, number[]>, boot = 2000): HeldOut {
   const all: { p: number; y: boolean; folder: boolean }[] = [];
@@ -326,7 +317,7 @@ export function summarize(rows: readonly ScoredRow[], noul: Map<string, number[]
   let k = 0;
   while (k < sorted.length && got < Math.ceil(0.95 * needed - 1e-9)) if (sorted[k++]!.y) got++;
   while (k < sorted.length && sorted[k]!.p === sorted[k - 1]!.p) k++;
-  const rand = mulberry(50);
+  const rand = mulberry32(50);
   const recalls: number[] = [];
   for (let b = 0; b < boot; b++) {
     let kn = 0;

@@ -229,18 +229,22 @@ export interface CrossValidation {
   floorTemperature: number | null;
 }
 
-/** Mean ECE over `draws` outcome sets drawn as Bernoulli(confidence): what a calibrated model scores at this n. */
-export function eceFloor(confidence: readonly number[], draws = 400, nBins = 15): number | null {
-  if (confidence.length === 0) return null;
-  // A fixed-seed PRNG (mulberry32): the same figure on every run.
-  let a = 0x9e3779b9;
-  const rand = () => {
+/** A fixed-seed PRNG (mulberry32) in [0, 1): figures drawn with it are the same on every run. */
+export function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
     a = (a + 0x6d2b79f5) >>> 0;
     let t = a;
     t = Math.imul(t ^ (t >>> 15), t | 1);
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/** Mean ECE over `draws` outcome sets drawn as Bernoulli(confidence): what a calibrated model scores at this n. */
+export function eceFloor(confidence: readonly number[], draws = 400, nBins = 15): number | null {
+  if (confidence.length === 0) return null;
+  const rand = mulberry32(0x9e3779b9);
   let sum = 0;
   for (let d = 0; d < draws; d++) sum += reliability(confidence, confidence.map((c) => rand() < c), nBins).ece ?? 0;
   return sum / draws;

@@ -1,17 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { applyMaps, crossValidate, eceFloor, fitMaps, fitShippedMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
+import { applyMaps, crossValidate, eceFloor, fitMaps, mulberry32, fitShippedMaps, scoreProbabilities, type FitItem } from "../../src/eval/calibrate.js";
 import { sigmoid, softmax } from "../../src/probability/index.js";
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 /** An overconfident choice model (true temperature 2.5) and a noul model leaning to "yes". */
 function synthetic(): FitItem[] {

@@ -10,20 +10,12 @@ import {
   softmax,
   uncalibrateNoulLogit,
 } from "../../src/probability/index.js";
+import { mulberry32 } from "../../src/eval/calibrate.js";
 import { fitPlatt, fitTemperature, fitTopLabel, plattNll, temperatureNll } from "../../src/eval/fitting.js";
 import type { CalibrationFit } from "../../src/models/manifest.js";
 
 /** Deterministic PRNG (mulberry32) so the synthetic samples are the same on every run. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 const gauss = (r: () => number) => Math.sqrt(-2 * Math.log(1 - r())) * Math.cos(2 * Math.PI * r());
 
