@@ -191,7 +191,7 @@ describe("422 while the model is starting, for what the model would refuse", () 
     const starting = new StartingPipeline(() => engine.listModels().map((m) => ({ ...m, ready: false })));
     t = await makeOpsApp(starting);
     const bad: [object, string][] = [
-      [{ ...body(), model: "judge-nothing" }, 'unknown model "judge-nothing"; available models: '],
+      [{ ...body(), model: "judge-nothing" }, 'model: unknown model "judge-nothing"; available models: '],
       [{ ...body(), questions: { q: { type: "choice", criteria: { only: null } } } }, "questions.q.criteria: a choice question needs 2 to 255 options"],
       [{ ...body(), model: "judge-factcheck-lite", questions: { a: { type: "noul" } } }, "questions.a.instructions: a fact check question needs its claim in `instructions`"],
       [{ model: "judge-codegrep-lite", state: { query: "q", items: [] }, questions: { q0: { type: "noul" } } }, 'questions.q0: no item "n0" in state.items'],

@@ -97,7 +97,7 @@ const badBody: fc.Arbitrary<{ what: string; body: string | Buffer }> = fc.oneof(
         "questions-type",
         "questions-empty",
         "too-many-questions",
-        "unknown-field",
+        "state-type",
         "model",
         "question-type",
         "question-extra",
@@ -135,8 +135,10 @@ const badBody: fc.Arbitrary<{ what: string; body: string | Buffer }> = fc.oneof(
         case "too-many-questions":
           b.questions = Object.fromEntries(Array.from({ length: 65 + word.length }, (_, i) => [`q${i}`, { type: "noul" }]));
           break;
-        case "unknown-field":
+        case "state-type":
+          // Unknown top-level fields are ignored (clients add their own); a state that is not text or JSON is refused.
           b[`x_${word}`] = junk;
+          b.state = typeof junk === "number" || typeof junk === "boolean" ? junk : null;
           break;
         case "model":
           b.model = `nope-${word}`;
@@ -148,13 +150,15 @@ const badBody: fc.Arbitrary<{ what: string; body: string | Buffer }> = fc.oneof(
           q[`extra_${word}`] = junk;
           break;
         case "instructions-type":
-          q.instructions = typeof junk === "string" ? 7 : junk ?? false;
+          // Instructions are a string, an object, an array or null (absent): anything else is refused.
+          q.instructions = typeof junk === "number" || typeof junk === "boolean" ? junk : 7;
           break;
         case "choice-few":
           q.criteria = word.length % 2 ? {} : { only: null };
           break;
         case "choice-value":
-          q.criteria = { a: null, b: typeof junk === "string" || junk === null ? 1 : junk };
+          // A description is a string, an object, an array or null: anything else is refused.
+          q.criteria = { a: null, b: typeof junk === "number" || typeof junk === "boolean" ? junk : 1 };
           break;
         case "choice-empty-key":
           q.criteria = { "": word, b: null };
@@ -163,7 +167,7 @@ const badBody: fc.Arbitrary<{ what: string; body: string | Buffer }> = fc.oneof(
           Object.assign(q, { type: "score", criteria: word.length % 2 ? [] : [word] });
           break;
         case "score-item":
-          Object.assign(q, { type: "score", criteria: ["low", typeof junk === "string" ? null : junk, "high"] });
+          Object.assign(q, { type: "score", criteria: ["low", typeof junk === "number" || typeof junk === "boolean" ? junk : null, "high"] });
           break;
         case "noul-criteria":
           Object.assign(q, { type: "noul", criteria: { true: "yes", [`maybe_${word}`]: word } });
