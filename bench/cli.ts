@@ -21,6 +21,7 @@ import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
 import { codesearchScenario } from "./codesearch.js";
+import { concurrencyScenario } from "./concurrency.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
 import { latencyScenario, parseCells, PRIMARY, type Baseline, type Layer } from "./latency.js";
 
@@ -207,6 +208,24 @@ program
   .option("--concurrency <n>", "batch concurrency", int("--concurrency"), 2)
   .action(async (o: { states: number; perState: number; stateTokens: number; concurrency: number }) => {
     await batchScenario(o, command());
+  });
+
+program
+  .command("concurrency")
+  .description("many small requests at once (and a mixed load), batching across requests on and off, beside llama.cpp's server with parallel slots")
+  .option("--model <name>", "model name", "judge-latest")
+  .option("--requests <n>", "small requests per level", int("--requests"), 24)
+  .option("--levels <list>", "concurrency levels", "1,4,8,16")
+  .option("--large <n>", "large requests in the mixed load", int("--large"), 2)
+  .option("--large-state-tokens <n>", "tokens of a large request's state", int("--large-state-tokens"), 1500)
+  .option("--rounds <n>", "rounds, the sides alternating", int("--rounds"), 2)
+  .option("--no-llama", "skip the llama.cpp baseline")
+  .option("--slots <n>", "llama-server parallel slots", int("--slots"), 8)
+  .option("--llama-threads <n>", "llama.cpp threads", int("--llama-threads"), 2)
+  .option("--gguf <file>", "GGUF for llama.cpp (default: the build's own, under .cache/weights)")
+  .action(async (o: { model: string; requests: number; levels: string; large: number; largeStateTokens: number; rounds: number; llama: boolean; slots: number; llamaThreads: number; gguf?: string }) => {
+    const levels = o.levels.split(",").map((x) => int("--levels")(x.trim()));
+    await concurrencyScenario({ ...o, levels, ...(o.gguf ? { gguf: o.gguf } : {}) }, command());
   });
 
 program

@@ -35,6 +35,12 @@ export interface LlamaBaseline {
    * `cache_prompt`); ms for the whole request.
    */
   sharedPrefix(prefix: number[], suffixes: number[][]): Promise<number>;
+  /**
+   * One /completion of `tokens` as a client sees it (wall ms, HTTP and the one sampled token
+   * included): for concurrent load on a server with several slots, where the server batches the
+   * slots' prompts (continuous batching) and the clock that counts is the client's.
+   */
+  request(tokens: number[]): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -84,7 +90,9 @@ interface Timings {
   prompt_ms: number;
 }
 
-export async function openLlama(opts: { gguf: string; threads: number; contextSize: number }): Promise<LlamaBaseline> {
+/** `slots`: llama-server's parallel slots (`-np`, continuous batching on, its default), each with contextSize / slots tokens. */
+export async function openLlama(opts: { gguf: string; threads: number; contextSize: number; slots?: number }): Promise<LlamaBaseline> {
+  const slots = opts.slots ?? 1;
   if (!fs.existsSync(opts.gguf)) throw new Error(`GGUF file ${opts.gguf} does not exist (run npm start or npm test once to bootstrap it, or pass --gguf)`);
   const bin = ensureBuilt();
   const build = JSON.parse(fs.readFileSync(path.join(path.dirname(bin), "build.json"), "utf8")) as { key: string; llama_cpp_commit: string; compiler: string };
@@ -95,7 +103,7 @@ export async function openLlama(opts: { gguf: string; threads: number; contextSi
     "-m", opts.gguf,
     "--host", "127.0.0.1", "--port", String(port),
     "-t", String(opts.threads), "-tb", String(opts.threads),
-    "-c", String(opts.contextSize), "-np", "1",
+    "-c", String(opts.contextSize), "-np", String(slots), "--cont-batching",
     // No host-memory prompt cache: a reused prefix comes only from the slot's own KV, as asked.
     "--cache-ram", "0",
     "--no-webui",
@@ -143,7 +151,7 @@ export async function openLlama(opts: { gguf: string; threads: number; contextSi
   return {
     description:
       `llama.cpp ${build.llama_cpp_commit} (${sdist.name} ${sdist.version} sdist) built from source, GGML_NATIVE=ON, Release, ${build.compiler}; ` +
-      `llama-server, ${opts.threads} threads, context ${props.default_generation_settings?.n_ctx ?? opts.contextSize}, 1 slot, default batch sizes; ` +
+      `llama-server, ${opts.threads} threads, context ${props.default_generation_settings?.n_ctx ?? opts.contextSize}${slots > 1 ? ` per slot, ${slots} slots, continuous batching` : ", 1 slot"}, default batch sizes; ` +
       `time = the server's prompt_ms` + (pp512TokS ? `; llama-bench pp512 ${pp512TokS} tok/s` : ""),
     pp512TokS,
     evaluate(tokens) {
@@ -155,6 +163,11 @@ export async function openLlama(opts: { gguf: string; threads: number; contextSi
       let ms = await complete(prefix, true, { exactly: prefix.length });
       for (const s of suffixes) ms += await complete([...prefix, ...s], true, { atMost: s.length });
       return ms;
+    },
+    async request(tokens) {
+      const t = performance.now();
+      await complete(tokens, false, { exactly: tokens.length });
+      return performance.now() - t;
     },
     async close() {
       child.kill("SIGTERM");

@@ -170,7 +170,29 @@ function ensureModels() {
   }
 }
 
+// A W8A8 build's batch graph (scripts/batch_graph.py): the passes of several requests in one run, each
+// read bit for bit as model.onnx reads it alone. From the same GGUF, so only for builds made from a recipe.
+function ensureBatchGraphs() {
+  const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
+  const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
+  for (const [name, build] of Object.entries(registry.builds)) {
+    if (!(used.has(name) || args.has("--all-models")) || !build.recipe) continue;
+    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+    const manifest = path.join(dir, "manifest.json");
+    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
+    if (!fs.existsSync(manifest) || fs.existsSync(path.join(dir, "model.batch.onnx")) || !fs.existsSync(gguf)) continue;
+    if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
+    say(`model "${name}": writing its batch graph (first run only, a few minutes) ...`);
+    run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf], {
+      env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+    });
+  }
+}
+
 ensureNodeModules();
 // --no-build: the fast test tier imports src/ through vitest and needs no dist/.
 if (!args.has("--no-build")) ensureBuild();
-if (!args.has("--no-models")) ensureModels();
+if (!args.has("--no-models")) {
+  ensureModels();
+  ensureBatchGraphs();
+}

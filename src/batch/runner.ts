@@ -30,7 +30,10 @@ export interface BatchOptions {
   outFile: string;
   /** Model for lines without one. */
   defaultModel: string;
-  /** Pipeline requests in flight at once (default 2). */
+  /**
+   * Pipeline requests in flight at once (default 8): the passes of requests in flight together wait
+   * together, and a lane runs short ones as one pass (src/inference/batch.ts).
+   */
   concurrency?: number;
   /** Group requests that share a state (default true; in-process only). */
   group?: boolean;
@@ -86,7 +89,7 @@ function priced(t: Tally, costMicro: number | null): BatchTally {
 
 export async function runBatch(scorer: Scorer, opts: BatchOptions): Promise<BatchResult> {
   const t0 = performance.now();
-  const concurrency = Math.max(1, opts.concurrency ?? 2);
+  const concurrency = Math.max(1, opts.concurrency ?? 8);
   const maxQ = Math.max(1, Math.min(64, opts.maxQuestions ?? 64));
   const retries = opts.retries ?? 5;
   const group = (opts.group ?? true) && typeof scorer.groupInfo === "function";

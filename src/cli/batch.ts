@@ -166,13 +166,13 @@ export function registerBatchCommand(program: Command, io: CliIO): void {
     .requiredOption("--in <file>", "requests, one JSON body per line, optionally with an `id`")
     .requiredOption("--out <file>", "answers, one JSON line per input line; appended to, ids already there are skipped")
     .option("--model <name>", "model for lines without a `model`", "judge-latest")
-    .option("--concurrency <n>", "requests in flight at once", positiveInt("--concurrency"), 2)
+    .option("--concurrency <n>", "requests in flight at once (default 8 in-process, where their short passes run batched; 4 with --url, the spec's limit before a purchase)", positiveInt("--concurrency"))
     .option("--no-group", "do not merge requests that share a state into one pipeline request")
     .option("--max-questions <n>", "questions per merged request at most (≤ 64)", positiveInt("--max-questions"), 64)
     .option("--url <url>", "score against a running server (e.g. http://127.0.0.1:8000) instead of in-process")
     .option("--key <key>", "API key for --url (default: ASSAY_API_KEY, then the data dir's local-api-key)")
     .action(
-      async (o: { in: string; out: string; model: string; concurrency: number; group: boolean; maxQuestions: number; url?: string; key?: string }) => {
+      async (o: { in: string; out: string; model: string; concurrency?: number; group: boolean; maxQuestions: number; url?: string; key?: string }) => {
         // First Ctrl-C: finish what is in flight, write it, print the summary. Second: stop now.
         const abort = new AbortController();
         const onSigint = () => {
@@ -188,7 +188,7 @@ export function registerBatchCommand(program: Command, io: CliIO): void {
               in: o.in,
               out: o.out,
               model: o.model,
-              concurrency: o.concurrency,
+              concurrency: o.concurrency ?? (o.url !== undefined ? 4 : 8),
               group: o.group,
               maxQuestions: Math.min(64, o.maxQuestions),
               signal: abort.signal,

@@ -66,6 +66,13 @@ const Env = z.object({
    * nice 5, 1024 against 335, was the default until 2026-11-26: docs/experiments/admission-and-fairness.md).
    */
   ASSAY_MAIN_WORKER_NICE: z.coerce.number().int().min(0).max(19).default(10).meta({ doc: "CPU with the express worker on: the nice value of each lane's main worker (onnxruntime's threads inherit it), so that a short pass beside a long one gets about nine tenths of the cores instead of half; `0` gives both workers equal priority. See [the express worker](docs/architecture.md#the-express-worker)" }),
+  /**
+   * Passes of different requests run as one (src/inference/batch.ts) when a lane takes work: the
+   * waiting short passes of one build, in the fair queue's order, up to this many packed tokens.
+   */
+  ASSAY_BATCH_MAX_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "a lane runs the waiting passes of different requests on the same build as one pass, taken in the fair queue's order, up to this many packed tokens (and within `ASSAY_PASS_ATTENTION_MB`); a pass joins a batch when it has at most a quarter of this. Builds of export format v4. 0: every pass runs alone. See [batching](docs/architecture.md#batching-across-requests)" }),
+  ASSAY_BATCH_MAX_PASSES: z.coerce.number().int().min(1).default(16).meta({ doc: "the most passes one batched run holds" }),
+  ASSAY_BATCH_WAIT_MS: z.coerce.number().min(0).default(0).meta({ doc: "an idle lane waits up to this many ms for more passes to batch with the first one (throughput over latency); 0: a lone pass starts at once" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
   /** Longest packed sequence (state + questions + label tokens) one request may need. */
@@ -196,6 +203,8 @@ export type Config = Readonly<{
   /** The main worker's nice value beside an express worker (0: unchanged). */
   mainWorkerNice: number;
   queueMax: number;
+  /** Batching across requests (0 tokens: off). */
+  batch: { maxTokens: number; maxPasses: number; waitMs: number };
   maxPackedTokens: number;
   stateChunkTokens: number;
   /** ASSAY_PASS_ATTENTION_MB in bytes. */
@@ -263,6 +272,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     expressMaxTokens: e.ASSAY_EXPRESS_MAX_TOKENS,
     mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,
+    batch: { maxTokens: e.ASSAY_BATCH_MAX_TOKENS, maxPasses: e.ASSAY_BATCH_MAX_PASSES, waitMs: e.ASSAY_BATCH_WAIT_MS },
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     stateChunkTokens: e.ASSAY_STATE_CHUNK_TOKENS,
     passAttentionBytes: Math.round(e.ASSAY_PASS_ATTENTION_MB * 1024 * 1024),

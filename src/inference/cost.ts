@@ -38,6 +38,8 @@ export interface PassShape {
   width: number;
   /** Keys and values the pass continues (computed by an earlier pass); absent: none. */
   past?: number;
+  /** The query–key pairs, where the graph's layout is not model.onnx's (a batched run: batchShape). */
+  pairs?: number;
 }
 
 export interface CostCoefficients {
@@ -58,8 +60,39 @@ export function shapeOf(p: PackedTensors, past = 0): PassShape {
   return withPast({ tokens, prefix: tokens - p.slotOf.length, branches: p.branches, width: p.branchWidth }, past);
 }
 
+/**
+ * The shape of passes run as one by the batch graph (src/inference/batch.ts):
+ * their tokens, and the query–key pairs that graph computes, which its
+ * layout sets: each request's prefix rows against its own keys, padded to the
+ * longest ([N, Sm, Km]), and each branch's rows against its request's keys
+ * and its own block ([B, Lm, Km + Lm]).
+ */
+export function batchShape(parts: readonly PassShape[]): PassShape {
+  const sm = Math.max(...parts.map((s) => s.prefix));
+  const km = Math.max(...parts.map((s) => s.prefix + (s.past ?? 0)));
+  const lm = Math.max(...parts.map((s) => s.width));
+  const b = parts.reduce((n, s) => n + s.branches, 0);
+  return {
+    ...withPast(
+      { tokens: parts.reduce((n, s) => n + s.tokens, 0), prefix: parts.reduce((n, s) => n + s.prefix, 0), branches: b, width: lm },
+      parts.reduce((n, s) => n + (s.past ?? 0), 0),
+    ),
+    pairs: parts.length * sm * km + b * lm * (km + lm),
+  };
+}
+
+/** The most score floats one layer's attention of a batched run holds per head: the prefix rows' or the branch rows'. */
+export function batchScores(parts: readonly PassShape[]): number {
+  const sm = Math.max(...parts.map((s) => s.prefix));
+  const km = Math.max(...parts.map((s) => s.prefix + (s.past ?? 0)));
+  const lm = Math.max(...parts.map((s) => s.width));
+  const b = parts.reduce((n, s) => n + s.branches, 0);
+  return Math.max(parts.length * sm * km, b * lm * (km + lm + 1));
+}
+
 /** Query–key pairs the split attention computes for a pass (per head and layer). */
 export function attentionPairs(s: PassShape): number {
+  if (s.pairs !== undefined) return s.pairs;
   const past = s.past ?? 0;
   return past * (s.prefix + s.branches * s.width) + (s.prefix * (s.prefix + 1)) / 2 + s.branches * s.width * (s.prefix + (s.width + 1) / 2);
 }

@@ -9,10 +9,10 @@ import "onnxruntime-node";
 import { ROOT, type Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
-import { CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
+import { batchScores, batchShape, CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
-import type { InferOk, InferTask, KvTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
+import type { BatchOk, InferOk, InferTask, KvTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
 import { admissionSafety, fairFinishMs, judge, refusal, type Judgement, type PlannedPass, type RequestDeadline, type WorkRequest } from "./work.js";
 
 /** Compiled worker: piscina loads JavaScript, so the build must exist. */
@@ -65,6 +65,8 @@ interface Job {
   /** A reload after a crash: runs before anything else. */
   front: boolean;
   work: Work | null;
+  /** A batched run (batchFrom): the passes it holds, each settled with its own part of the result. */
+  members: Job[] | null;
   resolve(r: TaskResult): void;
   reject(e: unknown): void;
   enqueuedAt: number;
@@ -104,6 +106,8 @@ interface Lane {
   runningSince: number;
   /** Admitted requests pinned to this lane and not yet finished. */
   works: Set<Work>;
+  /** ASSAY_BATCH_WAIT_MS: the idle lane waits for more passes to batch with the one queued. */
+  batchWait: NodeJS.Timeout | null;
   /** Per organization: the lane's busy ms it used, decayed with USAGE_TAU_MS (its recent share of the lane). */
   usage: Map<string, { ms: number; at: number }>;
 }
@@ -250,6 +254,26 @@ function buildFacts(model: string): BuildFacts | null {
   return null;
 }
 
+/** The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. */
+const batchGraphOf = (model: string) => model.replace(/\.onnx$/, ".batch.onnx");
+
+/** Attention heads of a build (hidden size / head size, from its manifest.json); 1 when unreadable, which only loosens the attention bound of a batch. */
+function attentionHeads(model: string): number {
+  try {
+    const m = JSON.parse(fs.readFileSync(path.join(path.dirname(model), "manifest.json"), "utf8")) as { hidden_size?: number; kv?: { head_dim?: number } };
+    const h = Number(m.hidden_size) / Number(m.kv?.head_dim);
+    return Number.isFinite(h) && h >= 1 ? h : 1;
+  } catch {
+    return 1;
+  }
+}
+
+/** Requests (admitted work) a running task serves: a batch's distinct ones. */
+function runningWorks(job: Job | null): number {
+  if (!job) return 0;
+  return new Set((job.members ?? [job]).flatMap((m) => (m.work ? [m.work] : []))).size;
+}
+
 export class InferencePool {
   private readonly lanes: Lane[];
   private readonly perLaneQueue: number;
@@ -274,6 +298,13 @@ export class InferencePool {
   private readonly queueSource = () => this.pending();
   private readonly expressMaxMs: number;
   private readonly expressMaxTokens: number;
+  private readonly batch: Config["batch"];
+  private readonly maxPackedTokens: number;
+  private readonly passAttentionBytes: number;
+  /** Model files whose graph runs several requests' passes as one (LoadOk.batches on every lane). */
+  private readonly batchable = new Set<string>();
+  /** Per model file: attention heads (hidden size / head size, from its manifest), for the attention bound of a batch. */
+  private readonly heads = new Map<string, number>();
   /** Workers that died and were replaced since start. */
   restarts = 0;
   /**
@@ -313,6 +344,9 @@ export class InferencePool {
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));
     this.expressMaxMs = config.provider === "cpu" ? config.expressMaxMs : 0;
     this.expressMaxTokens = config.expressMaxTokens;
+    this.batch = config.batch;
+    this.maxPackedTokens = config.maxPackedTokens;
+    this.passAttentionBytes = config.passAttentionBytes;
     const worker = (o: LaneOptions, name: string) => {
       const pool = new Piscina({
         filename: WORKER_FILE,
@@ -332,7 +366,7 @@ export class InferencePool {
         this.expressMaxMs > 0 ? { pool: worker(o, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
       // Beside an express worker the main one runs at a higher nice value: a short pass gets most of the cores while both run.
       const pool = worker(express && config.mainWorkerNice > 0 ? { ...o, nice: config.mainWorkerNice } : o, `lane ${index}`);
-      return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), usage: new Map() };
+      return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), batchWait: null, usage: new Map() };
     });
     metrics.queueSources.add(this.queueSource);
   }
@@ -380,10 +414,12 @@ export class InferencePool {
   }
 
   private publish(model: string, c: CostModel): void {
+    metrics.admissionSafety.set(this.safety());
+    // The per-build gauges are model.onnx's passes; the batch graph's own estimate stays internal.
+    if (model.endsWith(".batch.onnx")) return;
     const build = buildLabel(model);
     metrics.buildMsPerToken.set({ build }, c.coefficients.perToken);
     metrics.buildMsPerPair.set({ build }, c.coefficients.perPair);
-    metrics.admissionSafety.set(this.safety());
   }
 
   /** The admission headroom now: SAFETY, raised while any build's recent passes overrun their estimates. */
@@ -502,8 +538,7 @@ export class InferencePool {
     let j: Judgement | null = d ? judge(numbers, this.safety()) : null;
     // The request-count bound (ASSAY_QUEUE_MAX) still holds: requests admitted on the lane and not running now.
     const busy = lane.running !== null || lane.queue.length > 0;
-    const waiting =
-      lane.works.size - (lane.running?.work ? 1 : 0) - (lane.express?.running?.work ? 1 : 0) + [...lane.queue].filter((x) => !x.work).length;
+    const waiting = lane.works.size - runningWorks(lane.running) - runningWorks(lane.express?.running ?? null) + [...lane.queue].filter((x) => !x.work).length;
     if (busy && waiting >= this.perLaneQueue) {
       j = { deadlineMs: j?.deadlineMs ?? 0, refused: "queue_full", retryAfterS: Math.max(1, Math.ceil(b.aheadMs / 1000)) };
     }
@@ -579,6 +614,7 @@ export class InferencePool {
         rank: opts.work ? opts.work.seq : this.seq + 1e12,
         front: opts.front === true,
         work: opts.work ?? null,
+        members: null,
         enqueuedAt: performance.now(),
         settled: false,
         resolve: (r) => {
@@ -624,17 +660,122 @@ export class InferencePool {
     return job;
   }
 
-  private dispatch(lane: Lane): void {
+  private dispatch(lane: Lane, waited = false): void {
     if (this.closed) return;
-    if (!lane.running) {
+    if (!lane.running && !this.waitForBatch(lane, waited)) {
       const job = this.next(lane);
       if (job) {
-        lane.running = job;
+        const run = this.batchFrom(lane, job);
+        lane.running = run;
         lane.runningSince = performance.now();
-        this.start(lane, job, null);
+        this.start(lane, run, null);
       }
     }
     this.dispatchExpress(lane);
+  }
+
+  /**
+   * ASSAY_BATCH_WAIT_MS > 0: an idle lane with one short pass waiting holds it
+   * that long for others to join (throughput over latency). Off by default: a
+   * lone pass starts at once, and batches form from what waits while the lane
+   * runs.
+   */
+  private waitForBatch(lane: Lane, waited: boolean): boolean {
+    if (lane.batchWait) return true;
+    if (waited || this.batch.waitMs <= 0 || lane.system.length > 0 || lane.queue.length !== 1) return false;
+    const only = [...lane.queue][0]!;
+    if (!this.joins(only)) return false;
+    lane.batchWait = setTimeout(() => {
+      lane.batchWait = null;
+      this.dispatch(lane, true);
+    }, this.batch.waitMs);
+    return true;
+  }
+
+  /** A pass that may run in a batch: an inference pass of a batching build, short enough (a quarter of the batch budget), without a test fault. */
+  private joins(j: Job): boolean {
+    return (
+      j.task.kind === "infer" &&
+      j.shape !== null &&
+      j.task.testFault === undefined &&
+      this.batch.maxPasses > 1 &&
+      this.batchable.has(j.task.model) &&
+      4 * j.tokens <= this.batch.maxTokens
+    );
+  }
+
+  /** A batched run's score tensors within ASSAY_PASS_ATTENTION_MB per layer. */
+  private fitsAttention(model: string, parts: readonly PassShape[]): boolean {
+    return this.passAttentionBytes <= 0 || 4 * this.headsOf(model) * batchScores(parts) <= this.passAttentionBytes;
+  }
+
+  private headsOf(model: string): number {
+    let h = this.heads.get(model);
+    if (h === undefined) {
+      h = attentionHeads(model);
+      this.heads.set(model, h);
+    }
+    return h;
+  }
+
+  /**
+   * The run the lane takes next: `head` alone, or `head` with the waiting
+   * passes of other requests on the same build that fit beside it (the fair
+   * queue's order decides which: shiftFirst takes the organizations in order
+   * of virtual time and charges each its pass), within ASSAY_BATCH_MAX_TOKENS,
+   * the pass limit and the attention bound. A pass of a long request runs
+   * alone, as before.
+   */
+  private batchFrom(lane: Lane, head: Job): Job {
+    if (!this.joins(head) || head.task.kind !== "infer") return head;
+    const model = head.task.model;
+    const budget = Math.min(this.batch.maxTokens, this.maxPackedTokens);
+    const members = [head];
+    const shapes = [head.shape!];
+    let tokens = head.tokens;
+    while (members.length < this.batch.maxPasses) {
+      const fits = (j: Job) =>
+        j.task.kind === "infer" && j.task.model === model && this.joins(j) && tokens + j.tokens <= budget && this.fitsAttention(model, [...shapes, j.shape!]);
+      const next = lane.queue.shiftFirst(fits);
+      if (!next) break;
+      metrics.queueDepth.dec();
+      members.push(next);
+      shapes.push(next.shape!);
+      tokens += next.tokens;
+    }
+    if (members.length === 1) return head;
+    const parts = members.map((m) => m.task as InferTask);
+    const shape = batchShape(shapes);
+    const batch: Job = {
+      task: { kind: "batch", model, parts },
+      bounded: true,
+      org: head.org,
+      // The batch graph has a cost model of its own: its layout is not model.onnx's.
+      cost: this.costModel(batchGraphOf(model)).estimate(shape),
+      tokens: shape.tokens,
+      shape,
+      seq: head.seq,
+      rank: head.rank,
+      front: false,
+      work: head.work,
+      members,
+      enqueuedAt: Math.min(...members.map((m) => m.enqueuedAt)),
+      settled: false,
+      // Each pass gets its own part; a failure is every pass's. A pass whose request hung up was settled already.
+      resolve: (r) => {
+        if (batch.settled) return;
+        batch.settled = true;
+        if (r.ok && "parts" in r) members.forEach((m, i) => m.resolve((r as BatchOk).parts[i]!));
+        else for (const m of members) m.resolve(r);
+      },
+      reject: (e) => {
+        if (batch.settled) return;
+        batch.settled = true;
+        for (const m of members) m.reject(e);
+      },
+      cleanup: () => {},
+    };
+    return batch;
   }
 
   /**
@@ -703,7 +844,13 @@ export class InferencePool {
   /** Runs a job on the lane's main worker (`x` null) or its express worker. */
   private start(lane: Lane, job: Job, x: Express | null): void {
     const since = x ? x.runningSince : lane.runningSince;
-    metrics.queueWait.observe((since - job.enqueuedAt) / 1000);
+    for (const m of job.members ?? [job]) metrics.queueWait.observe((since - m.enqueuedAt) / 1000);
+    if (!x && (job.task.kind === "infer" || job.task.kind === "batch")) {
+      const members = job.members ?? [job];
+      metrics.runPasses.observe(members.length);
+      metrics.runRequests.observe(new Set(members.map((m) => m.work ?? m)).size);
+      metrics.runTokens.observe(job.tokens);
+    }
     const transfer: ArrayBuffer[] = [];
     const run = this.held((x ? x.pool : lane.pool).run(job.task, { transferList: transfer }));
     run
@@ -712,11 +859,12 @@ export class InferencePool {
           const res = r as TaskResult;
           // Every pass that ran alone on its cores teaches its build's estimate, whether or not its caller still
           // waits; an express pass shared them, so its time is not what the model's pass costs.
-          if (!x && res.ok && job.task.kind === "infer" && job.shape && "runMs" in res) {
-            const c = this.costModel(job.task.model);
+          if (!x && res.ok && (job.task.kind === "infer" || job.task.kind === "batch") && job.shape && "runMs" in res) {
+            const file = job.task.kind === "batch" ? batchGraphOf(job.task.model) : job.task.model;
+            const c = this.costModel(file);
             c.observe(job.shape, res.runMs);
-            this.publish(job.task.model, c);
-            this.onPassTimed?.(job.task.model, job.shape, res.runMs);
+            this.publish(file, c);
+            this.onPassTimed?.(file, job.shape, res.runMs);
           }
           if (!x && res.ok && job.task.kind === "load" && "loaded" in res && res.loaded) {
             this.loadMs.set(job.task.model, res.loadMs);
@@ -741,7 +889,7 @@ export class InferencePool {
             return;
           }
           // Reload before anything else runs on the new thread (not when a load itself killed it: no loop).
-          if (job.task.kind !== "infer") return;
+          if (job.task.kind !== "infer" && job.task.kind !== "batch") return;
           for (const model of this.loaded) {
             this.enqueue(lane, { kind: "load", model }, { bounded: false, front: true, cost: this.estimateLoadMs(model) }).then(
               (r) => {
@@ -754,7 +902,12 @@ export class InferencePool {
       )
       .finally(() => {
         const now = performance.now();
-        if (job.bounded) this.recordUsage(lane, job.org, now - since, now);
+        if (job.bounded) {
+          // A batch's time is shared among its passes' organizations by their estimates.
+          const members = job.members ?? [job];
+          const total = members.reduce((t, m) => t + Math.max(m.cost, 1e-6), 0);
+          for (const m of members) this.recordUsage(lane, m.org, ((now - since) * Math.max(m.cost, 1e-6)) / total, now);
+        }
         if (x) x.running = null;
         else lane.running = null;
         this.dispatch(lane);
@@ -806,9 +959,12 @@ export class InferencePool {
     const cost = loaded ? this.estimateLoadMs(model) : 0;
     const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, { bounded: false, cost })));
     for (const r of out) if (!r.ok) throw new AssayError(r.code, r.message);
-    if (loaded) this.loaded.add(model);
-    else {
+    if (loaded) {
+      this.loaded.add(model);
+      if (out.every((r) => r.ok && "batches" in r && r.batches)) this.batchable.add(model);
+    } else {
       this.loaded.delete(model);
+      this.batchable.delete(model);
       for (const x of this.lanes.map((l) => l.express)) {
         if (!x?.ready.delete(model)) continue;
         this.held(x.pool.run({ kind: "unload", model } satisfies Task)).catch((e: unknown) => console.error(`[assay] express unload of ${model} failed: ${String(e)}`));
@@ -866,6 +1022,8 @@ export class InferencePool {
     this.closed = true;
     metrics.queueSources.delete(this.queueSource);
     for (const l of this.lanes) {
+      if (l.batchWait) clearTimeout(l.batchWait);
+      l.batchWait = null;
       const waiting = [...l.queue, ...l.system.splice(0)];
       for (const j of waiting) {
         if (l.queue.remove(j)) metrics.queueDepth.dec();

@@ -69,12 +69,23 @@ export interface InferTask extends PackedTensors {
   testFault?: TestFault;
 }
 
+/**
+ * Passes of several requests run as one (src/inference/batch.ts), on a build
+ * whose graph takes segments (format v4: LoadOk.batches). Each part keeps
+ * its own readout, continued keys and values, and kept prefix.
+ */
+export interface BatchTask {
+  kind: "batch";
+  model: string;
+  parts: InferTask[];
+}
+
 export interface LoadTask {
   kind: "load" | "unload";
   model: string;
 }
 
-export type Task = InferTask | LoadTask;
+export type Task = InferTask | BatchTask | LoadTask;
 
 export interface InferOk {
   ok: true;
@@ -91,6 +102,16 @@ export interface LoadOk {
   loaded: boolean;
   provider: string;
   loadMs: number;
+  /** The graph takes several requests' passes in one run (format v4: `segment`, `past_segment`). */
+  batches: boolean;
+}
+
+/** A batch's result: one InferOk per part, in order (each part's `runMs` is the whole run's). */
+export interface BatchOk {
+  ok: true;
+  parts: InferOk[];
+  runMs: number;
+  provider: string;
 }
 
 export interface TaskFailure {
@@ -99,4 +120,4 @@ export interface TaskFailure {
   message: string;
 }
 
-export type TaskResult = InferOk | LoadOk | TaskFailure;
+export type TaskResult = InferOk | BatchOk | LoadOk | TaskFailure;

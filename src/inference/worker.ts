@@ -3,7 +3,8 @@ import os from "node:os";
 import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
-import type { InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
+import { joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
+import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
 
 /**
  * Piscina worker: owns one onnxruntime session per model file. session.run
@@ -104,6 +105,15 @@ function unshared(src: Float32Array): Float32Array {
   return view;
 }
 
+/**
+ * The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. Only
+ * the graph it was made from has one: a batch must read as that very graph reads each pass alone.
+ */
+export function batchGraphOf(model: string): string {
+  return model.replace(/\.onnx$/, ".batch.onnx");
+}
+const batches = (model: string) => fs.existsSync(batchGraphOf(model));
+
 async function infer(t: InferTask): Promise<TaskResult> {
   const { session: s, provider } = await session(t.model);
   await injectFault(t);
@@ -137,6 +147,60 @@ async function infer(t: InferTask): Promise<TaskResult> {
 }
 
 /**
+ * Several requests' passes in one run of the build's batch graph
+ * (src/inference/batch.ts). The pasts are concatenated into the worker's
+ * scratch memory (onnxruntime-node refuses a tensor on shared memory anyway,
+ * `unshared`); each kept prefix is copied once into shared memory, as a lone
+ * pass's is.
+ */
+async function inferBatch(t: BatchTask): Promise<TaskResult> {
+  const { session: s, provider } = await session(batchGraphOf(t.model));
+  const layout = t.parts.find((p) => p.kv)?.kv?.layout ?? null;
+  if (!layout) throw new Error(`${t.model}: a batch needs the build's key/value layout (export format v3)`);
+  const parts: BatchPart[] = t.parts.map((p) => ({ ...p, ...(p.kv?.past ? { past: p.kv.past } : {}), keep: p.kv?.keep ?? 0 }));
+  const pastFloats = parts.reduce((n, p) => n + (p.past?.data.length ?? 0), 0);
+  const fits = pastFloats * 4 <= SCRATCH_MAX_BYTES;
+  if (fits && (!scratch || scratch.length < pastFloats)) scratch = new Float32Array(pastFloats);
+  const j = joinPasses(parts, layout, fits ? scratch : undefined);
+  const T = j.inputIds.length;
+  const i64 = (a: BigInt64Array, dims: number[]) => new ort.Tensor("int64", a, dims);
+  const f32 = (a: Float32Array, dims: number[]) => new ort.Tensor("float32", a, dims);
+  const feeds: Record<string, ort.Tensor> = {
+    input_ids: i64(j.inputIds, [T]),
+    position_ids: i64(j.positionIds, [T]),
+    gather_idx: i64(j.gatherIdx, [j.rows]),
+    target_ids: i64(j.targetIds, [j.rows, j.width]),
+    past_kv: f32(j.past, [2, layout.layers, layout.kvHeads, j.pastTokens, layout.headDim]),
+    pre_rows: i64(j.preRows, [j.n, j.sm]),
+    pre_keys: i64(j.preKeys, [j.n, j.km]),
+    pre_bias: f32(j.preBias, [j.n, j.sm, j.km]),
+    br_rows: i64(j.brRows, [j.b, j.lm]),
+    br_keys: i64(j.brKeys, [j.b, j.kb]),
+    br_bias: f32(j.brBias, [j.b, j.lm, j.kb + j.lm]),
+    row_cols: i64(j.rowCols, [j.b, j.lm, j.kb + j.lm]),
+    blk_cols: i64(j.blkCols, [j.b, j.lm, j.lm]),
+    pref_keep: f32(j.prefKeep, [j.b, j.kb]),
+    row_src: i64(j.rowSrc, [T]),
+  };
+  const keeping = parts.some((p) => p.keep > 0);
+  const start = performance.now();
+  const out = await s.run(feeds, keeping ? ["logprobs", "present_kv"] : ["logprobs"]);
+  const runMs = performance.now() - start;
+  const lp = out.logprobs?.data as Float32Array | undefined;
+  if (!lp) throw new Error("model returned no logprobs output");
+  const present = keeping ? (out.present_kv?.data as Float32Array | undefined) : undefined;
+  const { headDim } = layout;
+  const results = parts.map((p, r) => {
+    const res = { ok: true as const, logprobs: partLogprobs(j, parts, r, lp), runMs, provider };
+    if (!present || p.keep <= 0) return res;
+    const keep = Math.min(p.keep, (p.past?.tokens ?? 0) + p.inputIds.length - p.slotOf.length);
+    const kept = new Float32Array(new SharedArrayBuffer(2 * layout.layers * layout.kvHeads * keep * headDim * 4));
+    return { ...res, present: partPresent(j, parts, r, present, layout, kept) };
+  });
+  return { ok: true, parts: results, runMs, provider };
+}
+
+/**
  * The first `keep` tokens of present_kv [2, layers, kvHeads, tokens, headDim],
  * copied once into shared memory: the main thread caches it and later tasks
  * hand it to any worker without another copy.
@@ -157,16 +221,21 @@ export default async function run(task: Task): Promise<TaskResult> {
     switch (task.kind) {
       case "infer":
         return await infer(task);
+      case "batch":
+        return await inferBatch(task);
       case "load": {
         const start = performance.now();
         const { provider } = await session(task.model);
-        return { ok: true, loaded: true, provider, loadMs: performance.now() - start };
+        // The batch graph loads on a lane's first batch: a lane that never batches spends no memory on it.
+        return { ok: true, loaded: true, provider, loadMs: performance.now() - start, batches: lane.provider === "cpu" && batches(task.model) };
       }
       case "unload": {
-        const s = sessions.get(task.model);
-        sessions.delete(task.model);
-        if (s) await (await s).session.release();
-        return { ok: true, loaded: false, provider: lane.provider, loadMs: 0 };
+        for (const file of [task.model, batchGraphOf(task.model)]) {
+          const s = sessions.get(file);
+          sessions.delete(file);
+          if (s) await (await s).session.release();
+        }
+        return { ok: true, loaded: false, provider: lane.provider, loadMs: 0, batches: false };
       }
     }
   } catch (e) {

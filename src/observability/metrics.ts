@@ -160,6 +160,27 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly runPasses = new Histogram({
+    name: "assay_inference_run_passes",
+    help: "Passes per run of a main worker: 1 alone, more when waiting passes of different requests were batched (ASSAY_BATCH_MAX_TOKENS).",
+    buckets: [1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
+    registers: [this.registry],
+  });
+
+  readonly runRequests = new Histogram({
+    name: "assay_inference_run_requests",
+    help: "Distinct requests per run of a main worker (passes of work not admitted as a request, such as the batch CLI's, count one each).",
+    buckets: [1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
+    registers: [this.registry],
+  });
+
+  readonly runTokens = new Histogram({
+    name: "assay_inference_run_tokens",
+    help: "Packed tokens per run of a main worker, batched or not.",
+    buckets: [64, 128, 256, 512, 1024, 2048, 4096, 8192],
+    registers: [this.registry],
+  });
+
   readonly workerRestarts = new Counter({
     name: "assay_worker_restarts_total",
     help: "Inference workers that died (crashed or exited) and were replaced.",

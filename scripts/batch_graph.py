@@ -1,0 +1,318 @@
+"""A build's batch graph: passes of several requests in one run, each read exactly as alone.
+
+`model.onnx` (export_onnx.py) runs one request's pass: a causal prefix and branches that each see the
+whole prefix. The batch graph (`model.batch.onnx`, same weights, same int8 rewrite) runs N such passes
+at once, and every attention row of every pass computes what it computes in `model.onnx`, bit for
+bit: the W8A8 graph turns float noise of 1e-7 into log-probability shifts of 0.1-0.5 (an activation
+that crosses a rounding step of its row's int8 scale), so "close" is not enough. Two facts about the
+CPU kernels (measured, docs/experiments/batching.md) fix the layout: softmax sums a row in 16-wide
+lanes, so a row's keys must sit at the same offsets as alone; a MatMul sums K in blocks of 256 from
+0, so they must start where they start alone. Appended keys with probability 0 change nothing. So:
+
+  prefix rows    [N, Sm] rows, each request's own keys [past | prefix] gathered from 0, padded at the end;
+  branch rows    [B, Lm] slots, each row [own past | own prefix | own block | pad] gathered from the scores,
+                 its values summed in two products as model.onnx sums them (prefix part, then block part).
+
+Inputs (src/inference/batch.ts builds them)
+  input_ids, position_ids [T]; gather_idx [G]; target_ids [G, K]; past_kv [2, layers, kv_heads, P, D]
+  pre_rows [N, Sm]   token of each request's prefix rows (pad: any token)
+  pre_keys [N, Km]   key of each (pool = past_kv's P keys, then one per token), own past then own prefix
+  pre_bias [N, Sm, Km]   0 / -inf: causal within the request's own keys
+  br_rows [B, Lm]    token of each branch slot (model.onnx's branch_slots, per request)
+  br_keys [B, Kb]    the branch's request's own keys (as pre_keys)
+  br_bias [B, Lm, Kb + Lm]   0 / -inf: its own keys, then model.onnx's block mask
+  row_cols [B, Lm, Kb + Lm]  column of cat(prefix scores, block scores, -inf) at each place of the row
+  blk_cols [B, Lm, Lm]   place in the row of each block column (pad: a -inf place)
+  pref_keep [B, Kb]  1 for the request's own keys, 0 after
+  row_src [T]        each token's row in cat(prefix rows, branch slots)
+Outputs
+  logprobs [G, K]; present_kv [2, layers, kv_heads, P + T, D] (the pool: a request keeps its own)
+
+    python scripts/batch_graph.py --build models/cache/<build> --gguf .cache/weights/<recipe>.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from export_onnx import INPUTS, OUTPUTS, PackedDecoder, packed_example, sess_run  # noqa: E402
+
+BATCH_INPUTS = ["input_ids", "position_ids", "gather_idx", "target_ids", "past_kv", "pre_rows", "pre_keys", "pre_bias",
+                "br_rows", "br_keys", "br_bias", "row_cols", "blk_cols", "pref_keep", "row_src"]
+FILE = "model.batch.onnx"
+
+
+def log(msg: str) -> None:
+    print(f"[batch-graph] {msg}", flush=True)
+
+
+class BatchDecoder(nn.Module):
+    """PackedDecoder's weights and arithmetic, laid out for N passes (module docstring)."""
+
+    def __init__(self, m: PackedDecoder):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, position_ids, gather_idx, target_ids, past_kv, pre_rows, pre_keys, pre_bias,
+                br_rows, br_keys, br_bias, row_cols, blk_cols, pref_keep, row_src):
+        m = self.m
+        T = input_ids.shape[0]
+        N, Sm = pre_rows.shape[0], pre_rows.shape[1]
+        Km = pre_keys.shape[1]
+        B, Lm = br_rows.shape[0], br_rows.shape[1]
+        Kb = br_keys.shape[1]
+        H, KV, D = m.n_heads, m.n_kv, m.head_dim
+        rep = H // KV
+        x = torch.nn.functional.embedding(input_ids, m.embed).float()
+        freqs = position_ids.float().unsqueeze(1) * m.inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().unsqueeze(0), emb.sin().unsqueeze(0)
+        scale = 1.0 / math.sqrt(D)
+        neg = torch.full((H, B, Lm, 1), float("-inf"))
+        rows = row_cols.unsqueeze(0).expand(H, B, Lm, Kb + Lm)
+        blk = blk_cols.unsqueeze(0).expand(H, B, Lm, Lm)
+        keep = pref_keep.view(B, 1, Kb)
+        present = []
+
+        def heads(t: torch.Tensor, *shape: int) -> torch.Tensor:  # [KV, n, D] -> [H, *shape, D], as model.onnx expands
+            return t.view(KV, 1, -1, D).expand(KV, rep, t.shape[1], D).reshape(H, *shape, D)
+
+        for li, layer in enumerate(m.layers):
+            h = m.rms(x, layer.ln1)
+            q = h @ layer.q_t
+            k = h @ layer.k_t
+            v = h @ layer.v_t
+            if layer.q_b is not None:
+                q = q + layer.q_b
+                k = k + layer.k_b
+                v = v + layer.v_b
+            q = q.view(T, H, D).transpose(0, 1)
+            k = k.view(T, KV, D).transpose(0, 1)
+            v = v.view(T, KV, D).transpose(0, 1)
+            q = (q * cos + m.rotate(q) * sin) * scale
+            k = k * cos + m.rotate(k) * sin
+            kpool = torch.cat((past_kv[0, li], k), 1)                                   # [KV, P+T, D]
+            vpool = torch.cat((past_kv[1, li], v), 1)
+            present.append(torch.stack((kpool, vpool)))
+
+            # prefix rows: each request against its own keys, from 0
+            qp = q.index_select(1, pre_rows.reshape(-1)).view(H, N, Sm, D)
+            kk = heads(kpool.index_select(1, pre_keys.reshape(-1)), N, Km)
+            vv = heads(vpool.index_select(1, pre_keys.reshape(-1)), N, Km)
+            att = torch.softmax(qp @ kk.transpose(-1, -2) + pre_bias, dim=-1)
+            out_p = (att @ vv).view(H, N * Sm, D)
+
+            # branch rows: [own keys | own block | pad], as model.onnx's cat(prefix scores, block scores)
+            qb = q.index_select(1, br_rows.reshape(-1)).view(H, B, Lm, D)
+            kb = heads(kpool.index_select(1, br_keys.reshape(-1)), B, Kb)
+            vb = heads(vpool.index_select(1, br_keys.reshape(-1)), B, Kb)
+            ks = heads(k.index_select(1, br_rows.reshape(-1)), B, Lm)
+            vs = heads(v.index_select(1, br_rows.reshape(-1)), B, Lm)
+            scores = torch.cat((qb @ kb.transpose(-1, -2), qb @ ks.transpose(-1, -2)), -1) + br_bias
+            p = torch.softmax(torch.gather(torch.cat((scores, neg), -1), 3, rows), dim=-1)   # [H, B, Lm, Kb+Lm]
+            out_b = (p[..., :Kb] * keep) @ vb + torch.gather(p, 3, blk) @ vs
+            out = torch.cat((out_p, out_b.view(H, B * Lm, D)), 1).index_select(1, row_src)  # [H, T, D]
+
+            o = out.transpose(0, 1).reshape(T, H * D) @ layer.o_t
+            if layer.o_b is not None:
+                o = o + layer.o_b
+            x = x + o
+            h = m.rms(x, layer.ln2)
+            x = x + (torch.nn.functional.silu(h @ layer.gate_t) * (h @ layer.up_t)) @ layer.down_t
+
+        h = m.rms(x.index_select(0, gather_idx), m.final_norm)
+        logits = h @ m.lm_head_t
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        return torch.gather(logits, 1, target_ids) - lse, torch.stack(present, 1)
+
+
+def join(passes: list[tuple], past_lens: list[int]):
+    """The batch graph's inputs for `passes` (model.onnx's inputs, one tuple per pass), as batch.ts builds them.
+
+    Returns the feeds (numpy) and, per pass, its rows of the output and its own width.
+    """
+    n = len(passes)
+    ids, pos = [], []
+    tok_off, pool_past = [], []
+    P = sum(past_lens)
+    t = p_off = 0
+    for (a, past) in zip(passes, past_lens):
+        tok_off.append(t)
+        pool_past.append(p_off)
+        ids += a[0].tolist()
+        pos += a[1].tolist()
+        t += len(a[0])
+        p_off += past
+    T = t
+    S = [len(a[0]) - len(a[6]) for a in passes]
+    K = [pl + s for pl, s in zip(past_lens, S)]
+    own = [[pool_past[r] + c for c in range(past_lens[r])] + [P + tok_off[r] + i for i in range(S[r])] for r in range(n)]
+    Sm, Km = max(S), max(K)
+    pre_rows = np.zeros((n, Sm), np.int64)
+    pre_keys = np.zeros((n, Km), np.int64)
+    pre_bias = np.full((n, Sm, Km), -np.inf, np.float32)
+    for r in range(n):
+        pre_rows[r, : S[r]] = np.arange(tok_off[r], tok_off[r] + S[r])
+        pre_keys[r, : K[r]] = own[r]
+        for i in range(Sm):
+            pre_bias[r, i, : (past_lens[r] + i + 1 if i < S[r] else 1)] = 0
+    blocks = [(r, b) for r, a in enumerate(passes) for b in range(a[5].shape[0])]
+    Lm = max(a[5].shape[1] for a in passes)
+    Kb = Km
+    B = len(blocks)
+    br_rows = np.zeros((B, Lm), np.int64)
+    br_keys = np.zeros((B, Kb), np.int64)
+    br_bias = np.full((B, Lm, Kb + Lm), -np.inf, np.float32)
+    row_cols = np.zeros((B, Lm, Kb + Lm), np.int64)
+    blk_cols = np.zeros((B, Lm, Lm), np.int64)
+    pref_keep = np.zeros((B, Kb), np.float32)
+    row_src = np.zeros(T, np.int64)
+    for r, a in enumerate(passes):
+        for i in range(S[r]):
+            row_src[tok_off[r] + i] = r * Sm + i
+    for g, (r, b) in enumerate(blocks):
+        a = passes[r]
+        slots, slot_of, end = a[5].numpy(), a[6].numpy(), a[2].numpy()
+        Lp = slots.shape[1]
+        sl = slots[b]
+        valid = slot_of[sl - S[r]] == np.arange(b * Lp, (b + 1) * Lp)
+        br_rows[g, :Lp] = tok_off[r] + sl
+        br_rows[g, Lp:] = tok_off[r] + sl[0]
+        br_keys[g, : K[r]] = own[r]
+        pref_keep[g, : K[r]] = 1
+        for l in range(Lm):
+            br_bias[g, l, : K[r]] = 0
+            for j in range(Lp):
+                if l < Lp and valid[j] and sl[j] <= sl[l] <= end[sl[j]]:
+                    br_bias[g, l, Kb + j] = 0
+            for c in range(Kb + Lm):
+                row_cols[g, l, c] = c if c < K[r] else Kb + (c - K[r]) if c < K[r] + Lp else Kb + Lm
+            for j in range(Lm):
+                blk_cols[g, l, j] = K[r] + j if j < Lp else K[r] + Lp
+        for l in range(Lp):
+            if valid[l]:
+                row_src[tok_off[r] + sl[l]] = n * Sm + g * Lm + l
+    gather, width = [], max(a[4].shape[1] for a in passes)
+    tgt, rows = [], []
+    for r, a in enumerate(passes):
+        rows.append(list(range(len(gather), len(gather) + len(a[3]))))
+        gather += (a[3].numpy() + tok_off[r]).tolist()
+        t_ = np.zeros((a[4].shape[0], width), np.int64)
+        t_[:, : a[4].shape[1]] = a[4].numpy()
+        tgt.append(t_)
+    past = np.concatenate([a[7].numpy() if hasattr(a[7], "numpy") else a[7] for a in passes], axis=3)
+    feeds = [np.array(ids, np.int64), np.array(pos, np.int64), np.array(gather, np.int64), np.concatenate(tgt), past,
+             pre_rows, pre_keys, pre_bias, br_rows, br_keys, br_bias, row_cols, blk_cols, pref_keep, row_src]
+    return feeds, rows, [a[4].shape[1] for a in passes]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True, type=Path, help="an exported build's folder (model.onnx, manifest.json)")
+    ap.add_argument("--gguf", required=True, type=Path)
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.time()
+    build: Path = args.build
+    manifest = json.loads((build / "manifest.json").read_text())
+    if manifest.get("quantization", {}).get("op") != "MatMulInteger":
+        log(f"{build}: not a W8A8 build; no batch graph")
+        return 0
+    tok = AutoTokenizer.from_pretrained(str(build))
+    log(f"reading weights from {args.gguf.name} ... ")
+    hf = AutoModelForCausalLM.from_pretrained(str(args.gguf.parent), gguf_file=args.gguf.name, dtype=torch.float32)
+    cfg = hf.config.to_dict()
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    del hf
+    model = PackedDecoder(cfg, sd).eval()
+    del sd
+    batch = BatchDecoder(model).eval()
+    vocab = int(cfg["vocab_size"])
+    kv = manifest["kv"]
+    empty = np.zeros((2, kv["layers"], kv["kv_heads"], 0, kv["head_dim"]), dtype=np.float32)
+
+    text = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+            "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
+            "from 1887 to 1889.")
+    branches = [" Question: Is the tower in Paris? Answer:", " Question: Who designed it? Answer:",
+                " Question: When was it built? Answer:"]
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    state, questions = enc(text), [enc(b) for b in branches]
+    other = enc("Water boils at 100 degrees Celsius at sea level.")
+    with torch.no_grad():
+        _, head_kv = model(*packed_example(state[:-2], [state[-2:-1]], vocab, empty))
+    head_kv = head_kv.numpy()
+    # A pass continuing cached keys and values, two fresh ones (one of them on the same state).
+    reqs = [(state[-2:], questions, head_kv), (other, questions[:2], empty), (state, questions[2:], empty)]
+    passes = [packed_example(p, b, vocab, k) for p, b, k in reqs]
+    feeds, rows, widths = join(passes, [k.shape[3] for _, _, k in reqs])
+    with torch.no_grad():
+        together, _ = batch(*[torch.from_numpy(f) for f in feeds])
+        fdiff = max(float((together[r][:, :w] - model(*a)[0]).abs().max()) for a, r, w in zip(passes, rows, widths))
+    log(f"float32, three passes in one run vs each alone: max |dlogprob| = {fdiff:.2e}")
+    if fdiff > 1e-4:
+        log("the batch graph disagrees with the packed decoder")
+        return 3
+
+    fp32_dir = build / "batch-fp32"
+    shutil.rmtree(fp32_dir, ignore_errors=True)
+    fp32_dir.mkdir()
+    trace = [torch.from_numpy(f) for f in feeds]
+    dyn = {"input_ids": {0: "T"}, "position_ids": {0: "T"}, "gather_idx": {0: "G"}, "target_ids": {0: "G", 1: "K"},
+           "past_kv": {3: "P"}, "pre_rows": {0: "N", 1: "Sm"}, "pre_keys": {0: "N", 1: "Km"}, "pre_bias": {0: "N", 1: "Sm", 2: "Km"},
+           "br_rows": {0: "B", 1: "Lm"}, "br_keys": {0: "B", 1: "Kb"}, "br_bias": {0: "B", 1: "Lm", 2: "KbLm"},
+           "row_cols": {0: "B", 1: "Lm", 2: "KbLm"}, "blk_cols": {0: "B", 1: "Lm", 2: "Lm2"}, "pref_keep": {0: "B", 1: "Kb"},
+           "row_src": {0: "T"}, "logprobs": {0: "G", 1: "K"}, "present_kv": {3: "PT"}}
+    log(f"exporting the batch graph ... {time.time() - t0:.0f}s")
+    with torch.no_grad():
+        torch.onnx.export(batch, tuple(trace), str(fp32_dir / "model.onnx"), input_names=BATCH_INPUTS, output_names=OUTPUTS,
+                          dynamic_axes=dyn, opset_version=17, dynamo=False, external_data=True)
+    del model, batch
+    import gc
+    import logging
+
+    import onnx
+    from w8a8 import rewrite
+
+    gc.collect()
+    logging.disable(logging.INFO)
+    g = onnx.load(str(fp32_dir / "model.onnx"), load_external_data=True)
+    g, n = rewrite(g)
+    log(f"  {n} MatMuls rewritten as in model.onnx ... {time.time() - t0:.0f}s")
+    tmp = build / (FILE + ".partial")
+    data = FILE + ".data"
+    for stale in (tmp, build / data):
+        stale.unlink(missing_ok=True)
+    onnx.save_model(g, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True, location=data, size_threshold=1024)
+    del g
+    shutil.rmtree(fp32_dir)
+
+    # The served graphs, as onnxruntime runs them: each pass of the batch against model.onnx alone.
+    got = sess_run(tmp, BATCH_INPUTS, [torch.from_numpy(f) for f in feeds])
+    alone = [sess_run(build / "model.onnx", INPUTS, a) for a in passes]
+    qdiff = max(float(np.abs(got[r][:, :w] - al).max()) for al, r, w in zip(alone, rows, widths))
+    log(f"int8, three passes in one run vs each alone through model.onnx: max |dlogprob| = {qdiff:.2e}")
+    if qdiff > 1e-4:
+        tmp.unlink()
+        (build / data).unlink(missing_ok=True)
+        log("the batch graph reads a pass differently from model.onnx")
+        return 3
+    tmp.rename(build / FILE)
+    log(f"wrote {build / FILE} in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
