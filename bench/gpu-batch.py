@@ -1,11 +1,11 @@
 """Device check: what a batch of small passes costs on one GPU, against the same passes one at a time.
 
 For a machine with a CUDA GPU and PyTorch (no Node, no model files: the weights are random, at the
-shape of a real build, since a pass's time does not depend on their values). It runs the packed
-decoder the ONNX graph is exported from (scripts/export_onnx.py, PackedDecoder: the same attention,
-masks and layout, in PyTorch on the GPU rather than onnxruntime's CUDA provider), on passes laid out as
-src/inference/batch.ts lays them out (`batched_example`), and prints per batch size the ms of one run,
-passes per second, and the speed-up over running the same passes one at a time.
+shape of a real build, since a pass's time does not depend on their values). It runs the batch graph's
+module (scripts/batch_graph.py, BatchDecoder: the layout and arithmetic the batch graph is exported
+from, in PyTorch on the GPU rather than onnxruntime's CUDA provider) on passes laid out as
+src/inference/batch.ts lays them out (`join`), and prints per batch size the ms of one run, passes per
+second, and the speed-up over running the same passes one at a time.
 
     python3 bench/gpu-batch.py --build 1.5b --sizes 1,8,64 --out "$OUT/gpu-batch.json"
 
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from export_onnx import PackedDecoder, batched_example  # noqa: E402
+from batch_graph import BatchDecoder, join  # noqa: E402
+from export_onnx import PackedDecoder, packed_example  # noqa: E402
 
 # The shipped builds' shapes (Qwen2.5-Coder 0.5B and 1.5B Instruct).
 SHAPES = {
@@ -71,14 +72,16 @@ def main() -> int:
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     cfg = {**SHAPES[args.build], "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0}
     gen = torch.Generator().manual_seed(0)
-    model = PackedDecoder(cfg, {k: t.to(dev) for k, t in random_state_dict(cfg, gen).items()}).eval()
+    model = BatchDecoder(PackedDecoder(cfg, {k: t.to(dev) for k, t in random_state_dict(cfg, gen).items()})).eval()
     vocab = cfg["vocab_size"]
     kv = np.zeros((2, cfg["num_hidden_layers"], cfg["num_key_value_heads"], 0, cfg["hidden_size"] // cfg["num_attention_heads"]), dtype=np.float32)
     rng = np.random.default_rng(0)
 
     def requests(n: int):
-        # Each request its own state and one noul question read at two labels.
-        return [(rng.integers(0, vocab, args.state_tokens).tolist(), [rng.integers(0, vocab, args.question_tokens).tolist()], kv) for _ in range(n)]
+        # Each request its own state and one noul question (two presentations, as a noul question is read).
+        passes = [packed_example(rng.integers(0, vocab, args.state_tokens).tolist(),
+                                 [rng.integers(0, vocab, args.question_tokens).tolist() for _ in range(2)], vocab, kv) for _ in range(n)]
+        return [torch.from_numpy(f) for f in join(passes, [0] * n)[0]]
 
     def timed(feeds) -> float:
         feeds = [t.to(dev) for t in feeds]
@@ -92,10 +95,10 @@ def main() -> int:
             sync()
         return (time.perf_counter() - t) / args.reps * 1000
 
-    one = timed(batched_example(requests(1), vocab)[0])
+    one = timed(requests(1))
     rows = []
     for n in [int(x) for x in args.sizes.split(",")]:
-        ms = timed(batched_example(requests(n), vocab)[0])
+        ms = timed(requests(n))
         rows.append({"passes": n, "ms_per_run": round(ms, 3), "passes_per_s": round(n / ms * 1000, 1), "speedup_over_one_at_a_time": round(n * one / ms, 2)})
         print(f"{n:3d} passes: {ms:8.2f} ms per run, {n / ms * 1000:8.1f} passes/s, {n * one / ms:5.2f}x one at a time", flush=True)
     result = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__, "build_shape": args.build, "state_tokens": args.state_tokens,

@@ -217,32 +217,17 @@ def join(passes: list[tuple], past_lens: list[int]):
     return feeds, rows, [a[4].shape[1] for a in passes]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True, type=Path, help="an exported build's folder (model.onnx, manifest.json)")
-    ap.add_argument("--gguf", required=True, type=Path)
-    args = ap.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def check(graph: Path, alone_graph: Path, feeds, passes, rows, widths) -> float:
+    """The largest |dlogprob| between each pass of the batch (through `graph`) and the pass alone (through `alone_graph`)."""
+    got = sess_run(graph, BATCH_INPUTS, [torch.from_numpy(f) for f in feeds])
+    alone = [sess_run(alone_graph, INPUTS, a) for a in passes]
+    return max(float(np.abs(got[r][:, :w] - al).max()) for al, r, w in zip(alone, rows, widths))
 
-    t0 = time.time()
-    build: Path = args.build
-    manifest = json.loads((build / "manifest.json").read_text())
-    if manifest.get("quantization", {}).get("op") != "MatMulInteger":
-        log(f"{build}: not a W8A8 build; no batch graph")
-        return 0
-    tok = AutoTokenizer.from_pretrained(str(build))
-    log(f"reading weights from {args.gguf.name} ... ")
-    hf = AutoModelForCausalLM.from_pretrained(str(args.gguf.parent), gguf_file=args.gguf.name, dtype=torch.float32)
-    cfg = hf.config.to_dict()
-    sd = {k: v.detach() for k, v in hf.state_dict().items()}
-    del hf
-    model = PackedDecoder(cfg, sd).eval()
-    del sd
-    batch = BatchDecoder(model).eval()
-    vocab = int(cfg["vocab_size"])
+
+def probe(tok, vocab: int, manifest: dict, first_pass):
+    """A batch of three passes on real text: one continuing cached keys and values, two fresh (one on the same state)."""
     kv = manifest["kv"]
     empty = np.zeros((2, kv["layers"], kv["kv_heads"], 0, kv["head_dim"]), dtype=np.float32)
-
     text = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
             "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
             "from 1887 to 1889.")
@@ -251,14 +236,28 @@ def main() -> int:
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     state, questions = enc(text), [enc(b) for b in branches]
     other = enc("Water boils at 100 degrees Celsius at sea level.")
-    with torch.no_grad():
-        _, head_kv = model(*packed_example(state[:-2], [state[-2:-1]], vocab, empty))
-    head_kv = head_kv.numpy()
-    # A pass continuing cached keys and values, two fresh ones (one of them on the same state).
+    head_kv = first_pass(packed_example(state[:-2], [state[-2:-1]], vocab, empty))
     reqs = [(state[-2:], questions, head_kv), (other, questions[:2], empty), (state, questions[2:], empty)]
     passes = [packed_example(p, b, vocab, k) for p, b, k in reqs]
     feeds, rows, widths = join(passes, [k.shape[3] for _, _, k in reqs])
+    return passes, feeds, rows, widths
+
+
+def write_base(build: Path, gguf: Path, manifest: dict, tok, t0: float) -> int:
+    """model.batch.onnx from the GGUF, checked in float32 against the packed decoder and in int8 against model.onnx."""
+    from transformers import AutoModelForCausalLM
+
+    log(f"reading weights from {gguf.name} ... ")
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    cfg = hf.config.to_dict()
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    del hf
+    model = PackedDecoder(cfg, sd).eval()
+    del sd
+    batch = BatchDecoder(model).eval()
+    vocab = int(cfg["vocab_size"])
     with torch.no_grad():
+        passes, feeds, rows, widths = probe(tok, vocab, manifest, lambda ex: model(*ex)[1].numpy())
         together, _ = batch(*[torch.from_numpy(f) for f in feeds])
         fdiff = max(float((together[r][:, :w] - model(*a)[0]).abs().max()) for a, r, w in zip(passes, rows, widths))
     log(f"float32, three passes in one run vs each alone: max |dlogprob| = {fdiff:.2e}")
@@ -269,7 +268,6 @@ def main() -> int:
     fp32_dir = build / "batch-fp32"
     shutil.rmtree(fp32_dir, ignore_errors=True)
     fp32_dir.mkdir()
-    trace = [torch.from_numpy(f) for f in feeds]
     dyn = {"input_ids": {0: "T"}, "position_ids": {0: "T"}, "gather_idx": {0: "G"}, "target_ids": {0: "G", 1: "K"},
            "past_kv": {3: "P"}, "pre_rows": {0: "N", 1: "Sm"}, "pre_keys": {0: "N", 1: "Km"}, "pre_bias": {0: "N", 1: "Sm", 2: "Km"},
            "br_rows": {0: "B", 1: "Lm"}, "br_keys": {0: "B", 1: "Kb"}, "br_bias": {0: "B", 1: "Lm", 2: "KbLm"},
@@ -277,8 +275,8 @@ def main() -> int:
            "row_src": {0: "T"}, "logprobs": {0: "G", 1: "K"}, "present_kv": {3: "PT"}}
     log(f"exporting the batch graph ... {time.time() - t0:.0f}s")
     with torch.no_grad():
-        torch.onnx.export(batch, tuple(trace), str(fp32_dir / "model.onnx"), input_names=BATCH_INPUTS, output_names=OUTPUTS,
-                          dynamic_axes=dyn, opset_version=17, dynamo=False, external_data=True)
+        torch.onnx.export(batch, tuple(torch.from_numpy(f) for f in feeds), str(fp32_dir / "model.onnx"), input_names=BATCH_INPUTS,
+                          output_names=OUTPUTS, dynamic_axes=dyn, opset_version=17, dynamo=False, external_data=True)
     del model, batch
     import gc
     import logging
@@ -291,27 +289,80 @@ def main() -> int:
     g = onnx.load(str(fp32_dir / "model.onnx"), load_external_data=True)
     g, n = rewrite(g)
     log(f"  {n} MatMuls rewritten as in model.onnx ... {time.time() - t0:.0f}s")
-    tmp = build / (FILE + ".partial")
-    data = FILE + ".data"
+    ok = save_checked(g, build, FILE, "model.onnx", (passes, feeds, rows, widths))
+    shutil.rmtree(fp32_dir)
+    return 0 if ok else 3
+
+
+def save_checked(g, build: Path, name: str, alone: str, probe_batch) -> bool:
+    """Writes `g` as build/name once every pass of the probe batch reads through it exactly as through build/alone."""
+    import onnx
+
+    tmp = build / (name + ".partial")
+    data = name + ".data"
     for stale in (tmp, build / data):
         stale.unlink(missing_ok=True)
     onnx.save_model(g, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True, location=data, size_threshold=1024)
-    del g
-    shutil.rmtree(fp32_dir)
-
-    # The served graphs, as onnxruntime runs them: each pass of the batch against model.onnx alone.
-    got = sess_run(tmp, BATCH_INPUTS, [torch.from_numpy(f) for f in feeds])
-    alone = [sess_run(build / "model.onnx", INPUTS, a) for a in passes]
-    qdiff = max(float(np.abs(got[r][:, :w] - al).max()) for al, r, w in zip(alone, rows, widths))
-    log(f"int8, three passes in one run vs each alone through model.onnx: max |dlogprob| = {qdiff:.2e}")
-    if qdiff > 1e-4:
+    passes, feeds, rows, widths = probe_batch
+    d = check(tmp, build / alone, feeds, passes, rows, widths)
+    log(f"{name}: three passes in one run vs each alone through {alone}: max |dlogprob| = {d:.2e}")
+    if d > 1e-4:
         tmp.unlink()
         (build / data).unlink(missing_ok=True)
-        log("the batch graph reads a pass differently from model.onnx")
-        return 3
-    tmp.rename(build / FILE)
-    log(f"wrote {build / FILE} in {time.time() - t0:.0f}s")
+        log(f"{name} reads a pass differently from {alone}; not written")
+        return False
+    tmp.rename(build / name)
+    return True
+
+
+def write_variants(build: Path, manifest: dict, tok, cpu_only: bool) -> int:
+    """The batch twin of each other graph of the build (int8_graphs.py: model.<v>.onnx → model.<v>.batch.onnx), the same rewrite."""
+    import logging
+
+    import onnx
+    from int8_graphs import REWRITES, VARIANTS
+
+    logging.disable(logging.INFO)
+    vocab = int(manifest["vocab_size"])
+    for variant, file in VARIANTS.items():
+        twin = file.replace(".onnx", ".batch.onnx")
+        if not (build / file).exists() or (build / twin).exists():
+            continue
+        if variant == "s8s8" and cpu_only:
+            # No CUDA here to check it on; written where the s8s8 graph is used, on a GPU server.
+            continue
+        g = onnx.load(str(build / FILE), load_external_data=True)
+        n = REWRITES[variant](g)
+        log(f"{twin}: {n} MatMulInteger nodes rewritten as in {file}")
+        passes, feeds, rows, widths = probe(tok, vocab, manifest, lambda ex: sess_run(build / file, INPUTS, ex, ("logprobs", "present_kv"))[1])
+        if not save_checked(g, build, twin, file, (passes, feeds, rows, widths)):
+            return 3
     return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True, type=Path, help="an exported build's folder (model.onnx, manifest.json)")
+    ap.add_argument("--gguf", required=True, type=Path)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    t0 = time.time()
+    build: Path = args.build
+    manifest = json.loads((build / "manifest.json").read_text())
+    if manifest.get("quantization", {}).get("op") != "MatMulInteger":
+        log(f"{build}: not a W8A8 build; no batch graph")
+        return 0
+    tok = AutoTokenizer.from_pretrained(str(build))
+    if not (build / FILE).exists():
+        rc = write_base(build, args.gguf, manifest, tok, t0)
+        if rc:
+            return rc
+    import onnxruntime as ort
+
+    rc = write_variants(build, manifest, tok, cpu_only="CUDAExecutionProvider" not in ort.get_available_providers())
+    log(f"batch graphs of {build.name} ready in {time.time() - t0:.0f}s")
+    return rc
 
 
 if __name__ == "__main__":

@@ -180,7 +180,9 @@ function ensureBatchGraphs() {
     const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
     const manifest = path.join(dir, "manifest.json");
     const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
-    if (!fs.existsSync(manifest) || fs.existsSync(path.join(dir, "model.batch.onnx")) || !fs.existsSync(gguf)) continue;
+    // model.onnx's twin, and the twin of each other graph the build has on this machine (u8 x u8 on every CPU).
+    const twins = ["model.onnx", "model.u8u8.onnx"].filter((f) => fs.existsSync(path.join(dir, f))).map((f) => f.replace(/\.onnx$/, ".batch.onnx"));
+    if (!fs.existsSync(manifest) || !fs.existsSync(gguf) || twins.every((f) => fs.existsSync(path.join(dir, f)))) continue;
     if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
     say(`model "${name}": writing its batch graph (first run only, a few minutes) ...`);
     run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf], {
