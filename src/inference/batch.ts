@@ -21,8 +21,8 @@ import type { KvLayout, PrefixKv } from "./protocol.js";
  *
  * Tokens are the passes' tokens one pass after another (a token's rows through
  * the linear layers do not depend on the other rows: per-row int8 scales).
- * Keys are a pool: the continued keys of every pass (its past), then one per
- * token. Each pass keeps its own readout (its rows of the output, its own
+ * Keys are a pool: the continued keys of the passes (each past once: most
+ * general passes continue the build's preamble), then one per token. Each pass keeps its own readout (its rows of the output, its own
  * width), its own continued keys and values (a prefix-cache hit) and its own
  * kept prefix (a miss that fills the cache).
  *
@@ -44,7 +44,7 @@ export interface JoinedPass {
   targetIds: BigInt64Array;
   rows: number;
   width: number;
-  /** [2, layers, kvHeads, pastTokens, headDim]: every pass's past, one after another; empty without any. */
+  /** [2, layers, kvHeads, pastTokens, headDim]: the passes' pasts one after another, each once; empty without any. */
   past: Float32Array;
   pastTokens: number;
   n: number;
@@ -78,7 +78,14 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
   if (parts.length === 0) throw new Error("an empty batch");
   const n = parts.length;
   const T = parts.reduce((s, p) => s + p.inputIds.length, 0);
-  const P = parts.reduce((s, p) => s + (p.past?.tokens ?? 0), 0);
+  // A past several parts continue (the build's preamble, a state asked about twice) is in the pool once.
+  const pastAt = new Map<Float32Array, number>();
+  let P = 0;
+  for (const p of parts) {
+    if (!p.past || p.past.tokens === 0 || pastAt.has(p.past.data)) continue;
+    pastAt.set(p.past.data, P);
+    P += p.past.tokens;
+  }
   const S = parts.map(prefixOf);
   const pastOf = parts.map((p) => p.past?.tokens ?? 0);
   const K = parts.map((_, r) => pastOf[r]! + S[r]!);
@@ -110,9 +117,9 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
 
   let tok = 0;
   let row = 0;
-  let pOff = 0;
   let g = 0;
   parts.forEach((p, r) => {
+    const pOff = p.past ? (pastAt.get(p.past.data) ?? 0) : 0;
     offsets.push({ token: tok, row, past: pOff });
     const s = S[r]!;
     const k = K[r]!;
@@ -159,7 +166,6 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
     }
     tok += p.inputIds.length;
     row += p.rows;
-    pOff += pastOf[r]!;
   });
 
   let past: Float32Array = new Float32Array(0);
@@ -170,12 +176,13 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
     const size = blocks * P * headDim;
     past = into && into.length >= size ? into.subarray(0, size) : new Float32Array(size);
     // [2, layers, kvHeads, tokens, headDim]: each (kind, layer, head) block holds every part's tokens in turn.
-    parts.forEach((p, r) => {
+    for (const p of parts) {
       const pp = p.past;
-      if (!pp || pp.tokens === 0) return;
-      const at = offsets[r]!.past;
+      if (!pp || pp.tokens === 0 || pastAt.get(pp.data) === undefined) continue;
+      const at = pastAt.get(pp.data)!;
+      pastAt.delete(pp.data); // copied once
       for (let k = 0; k < blocks; k++) past.set(pp.data.subarray(k * pp.tokens * headDim, (k + 1) * pp.tokens * headDim), (k * P + at) * headDim);
-    });
+    }
   }
   return { inputIds, positionIds, gatherIdx, targetIds, rows, width, past, pastTokens: P, n, sm, km, preRows, preKeys, preBias, b, lm, kb, brRows, brKeys, brBias, rowCols, blkCols, prefKeep, rowSrc, offsets };
 }

@@ -158,7 +158,7 @@ async function inferBatch(t: BatchTask): Promise<TaskResult> {
   const layout = t.parts.find((p) => p.kv)?.kv?.layout ?? null;
   if (!layout) throw new Error(`${t.model}: a batch needs the build's key/value layout (export format v3)`);
   const parts: BatchPart[] = t.parts.map((p) => ({ ...p, ...(p.kv?.past ? { past: p.kv.past } : {}), keep: p.kv?.keep ?? 0 }));
-  const pastFloats = parts.reduce((n, p) => n + (p.past?.data.length ?? 0), 0);
+  const pastFloats = [...new Set(parts.flatMap((p) => (p.past ? [p.past.data] : [])))].reduce((n, d) => n + d.length, 0);
   const fits = pastFloats * 4 <= SCRATCH_MAX_BYTES;
   if (fits && (!scratch || scratch.length < pastFloats)) scratch = new Float32Array(pastFloats);
   const j = joinPasses(parts, layout, fits ? scratch : undefined);

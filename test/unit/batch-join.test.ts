@@ -173,6 +173,27 @@ describe("joinPasses", () => {
     }
   });
 
+  it("holds a past that several parts continue once, and each part still sees it as its own", () => {
+    const ps = parts();
+    const shared = { ...pack([50, 51, 52], [q([53], [[54], [55]])]), past: ps[0]!.past!, keep: 4 };
+    const all = [...ps, shared];
+    const j = joinPasses(all, LAYOUT);
+    expect(j.pastTokens).toBe(5);
+    expect(j.offsets[3]!.past).toBe(j.offsets[0]!.past);
+    const rows = batchRows(j, all);
+    for (const [i, alone] of aloneRows(shared, 0)) {
+      // Its continued keys are the shared past's (one set of keys for parts 0 and 3), its own tokens its own.
+      const got = rows.get(j.offsets[3]!.token + i)!;
+      const shared = (k: string) => k.replace(/^\d+:p/, "shared:p");
+      expect(got.slice(0, alone.length).map(shared)).toEqual(alone.map((k) => shared(k.replace("0:t", "3:t"))));
+    }
+    const total = j.pastTokens + j.inputIds.length;
+    const blocks = 2 * LAYOUT.layers * LAYOUT.kvHeads;
+    const present = Float32Array.from({ length: blocks * total * LAYOUT.headDim }, (_, i) => i);
+    const kept = partPresent(j, all, 3, present, LAYOUT, new Float32Array(blocks * 4 * LAYOUT.headDim));
+    expect(kept.data[LAYOUT.headDim * 3]).toBe((j.pastTokens + j.offsets[3]!.token) * LAYOUT.headDim);
+  });
+
   it("charges the cost model the pairs the batch graph computes", () => {
     const ps = parts();
     const j = joinPasses(ps, LAYOUT);
