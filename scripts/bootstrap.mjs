@@ -38,17 +38,18 @@ function stampOk(stamp, value) {
 }
 
 // 1. npm dependencies -----------------------------------------------------------
-// The stamp names the Node ABI too: better-sqlite3's binary is compiled for one
-// (`process.versions.modules`), and node_modules installed under another Node
-// would fail to load it.
+// The stamp names the Node ABI too (`process.versions.modules`): a native
+// module compiled under one Node does not load in another. better-sqlite3 and
+// onnxruntime-node ship Node-API binaries, which load on every line; the
+// rebuild is for any dependency that compiles against the ABI.
 function ensureNodeModules() {
   const stamp = path.join(ROOT, "node_modules", ".assay-lock-hash");
   const lock = hashOf(path.join(ROOT, "package-lock.json"));
   const abi = `node-abi-${process.versions.modules} ${process.platform}-${process.arch}`;
   const had = fs.existsSync(stamp) ? fs.readFileSync(stamp, "utf8").split("\n") : [];
   if (had[0] === lock && had[1] === abi) return;
-  // What was there before the install may have been built under another Node.
-  const before = fs.existsSync(path.join(ROOT, "node_modules", "better-sqlite3", "build"));
+  // Packages installed before this run (npm's hidden lock file lists them) may have been built under another Node.
+  const before = fs.existsSync(path.join(ROOT, "node_modules", ".package-lock.json"));
   if (had[0] !== lock) {
     // `npm install`, not `npm ci`: with this registry set-up npm writes lock
     // files without the other platforms' optional packages, which `npm ci`

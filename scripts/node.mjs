@@ -30,7 +30,7 @@ const parse = (v) => v.replace(/^v/, "").split(".").map(Number);
 
 /**
  * Whether `version` satisfies `range`, for the one form `engines` uses here:
- * caret ranges joined by `||` (`^22.12.0 || ^24.0.0`). Anything else throws,
+ * caret ranges joined by `||` (`^22.14.0 || ^24.0.0`). Anything else throws,
  * so that a new form is noticed rather than misread.
  */
 export function satisfies(version, range) {
