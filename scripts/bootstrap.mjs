@@ -38,16 +38,48 @@ function stampOk(stamp, value) {
 }
 
 // 1. npm dependencies -----------------------------------------------------------
+// The stamp names the Node ABI too (`process.versions.modules`): a native
+// module compiled under one Node does not load in another. better-sqlite3 and
+// onnxruntime-node ship Node-API binaries, which load on every line; the
+// rebuild is for any dependency that compiles against the ABI.
 function ensureNodeModules() {
   const stamp = path.join(ROOT, "node_modules", ".assay-lock-hash");
-  const want = hashOf(path.join(ROOT, "package-lock.json"));
-  if (stampOk(stamp, want)) return;
-  // `npm install`, not `npm ci`: with this registry set-up npm writes lock
-  // files without the other platforms' optional packages, which `npm ci`
-  // then rejects. With the lock file present `npm install` installs exactly it.
-  say("installing npm dependencies (npm install) ...");
-  run("npm", ["install", "--no-audit", "--no-fund"]);
-  fs.writeFileSync(stamp, want);
+  const lock = hashOf(path.join(ROOT, "package-lock.json"));
+  const abi = `node-abi-${process.versions.modules} ${process.platform}-${process.arch}`;
+  const had = fs.existsSync(stamp) ? fs.readFileSync(stamp, "utf8").split("\n") : [];
+  if (had[0] === lock && had[1] === abi) return;
+  // Packages installed before this run (npm's hidden lock file lists them) may have been built under another Node.
+  const before = fs.existsSync(path.join(ROOT, "node_modules", ".package-lock.json"));
+  if (had[0] !== lock) {
+    // `npm install`, not `npm ci`: with this registry set-up npm writes lock
+    // files without the other platforms' optional packages, which `npm ci`
+    // then rejects. With the lock file present `npm install` installs exactly it.
+    say("installing npm dependencies (npm install) ...");
+    run("npm", ["install", "--no-audit", "--no-fund"]);
+  }
+  // `npm install` leaves an installed package alone, so a binary built for
+  // another Node (or, without a stamp, for an unknown one) is rebuilt here.
+  if (had[1] !== abi && before) {
+    say(`rebuilding native modules for Node ${process.version} (${abi}) ...`);
+    run("npm", ["rebuild", "--no-audit", "--no-fund"]);
+  }
+  fs.writeFileSync(stamp, `${lock}\n${abi}`);
+}
+
+// onnxruntime-node ships its CPU binary in the npm package; its install
+// script, denied in package.json's allowScripts, would fetch the CUDA
+// provider from NuGet. A GPU server asks for it with ONNXRUNTIME_NODE_INSTALL
+// (e.g. cuda12), and the script runs here, once per onnxruntime-node install.
+function ensureOnnxruntimeProviders() {
+  const flag = process.env.ONNXRUNTIME_NODE_INSTALL || process.env.npm_config_onnxruntime_node_install;
+  if (!flag || flag === "skip") return;
+  const pkg = path.join(ROOT, "node_modules", "onnxruntime-node");
+  const stamp = path.join(pkg, "bin", ".assay-install");
+  const version = JSON.parse(fs.readFileSync(path.join(pkg, "package.json"), "utf8")).version;
+  if (stampOk(stamp, `${flag} ${version}`)) return;
+  say(`fetching onnxruntime-node ${version}'s ${flag} binaries (its install script; from NuGet) ...`);
+  run(process.execPath, [path.join("script", "install.js")], { cwd: pkg, env: { ...process.env, ONNXRUNTIME_NODE_INSTALL: flag } });
+  fs.writeFileSync(stamp, `${flag} ${version}`);
 }
 
 // 2. TypeScript build ------------------------------------------------------------
@@ -192,6 +224,7 @@ function ensureBatchGraphs() {
 }
 
 ensureNodeModules();
+ensureOnnxruntimeProviders();
 // --no-build: the fast test tier imports src/ through vitest and needs no dist/.
 if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {

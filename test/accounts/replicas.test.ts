@@ -323,7 +323,8 @@ suite("two replicas sharing PostgreSQL and Redis", () => {
     let child: ChildProcess | null = null;
     try {
       const { key, org } = await store.createKey("acme");
-      child = spawn(path.join(ROOT, "node_modules", ".bin", "vite-node"), [path.join(ROOT, "test/accounts/fixtures/replica.ts")], {
+      // The Node running the tests, not whichever `node` is first on PATH (the bin's shebang).
+      child = spawn(process.execPath, [path.join(ROOT, "node_modules", "vite-node", "dist", "cli.mjs"), path.join(ROOT, "test/accounts/fixtures/replica.ts")], {
         cwd: ROOT,
         env: { ...process.env, ...env(schema, { ASSAY_SLOT_LEASE_SECONDS: "1", ASSAY_HOLD_TTL_SECONDS: "2" }) },
         stdio: ["ignore", "pipe", "pipe"],

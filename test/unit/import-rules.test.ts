@@ -11,7 +11,9 @@ import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 
 const ROOT = path.resolve(import.meta.dirname, "../..");
-const CLI = path.join(ROOT, "node_modules", "dependency-cruiser", "bin", "dependency-cruise.mjs");
+const PKG = path.join(ROOT, "node_modules", "dependency-cruiser");
+// The file behind its `depcruise` command, as its package.json names it (the file has been renamed before).
+const CLI = path.join(PKG, (JSON.parse(fs.readFileSync(path.join(PKG, "package.json"), "utf8")) as { bin: Record<string, string> }).bin["depcruise"]!);
 const CONFIG = path.join(ROOT, ".dependency-cruiser.cjs");
 
 interface Violation {
