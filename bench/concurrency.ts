@@ -157,6 +157,9 @@ async function assaySide(o: ConcurrencyOptions, batched: boolean, smalls: string
 export async function concurrencyScenario(o: ConcurrencyOptions, command: string): Promise<void> {
   const machine: MachineNote = machineNote();
   const log = (s: string) => process.stderr.write(`${s}\n`);
+  // Sixteen requests in flight queue more than the default 60-s deadline on a slow CPU; the bench
+  // measures throughput and latency, not admission's refusals (the server's config is read from here).
+  process.env.ASSAY_REQUEST_TIMEOUT_MS ??= "600000";
   const smalls = tickets(o.requests);
   // The token ids llama.cpp is sent: each small request's packed pass, read off the same build.
   const probe = await EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent" }));

@@ -851,8 +851,8 @@ export class InferencePool {
       metrics.runRequests.observe(new Set(members.map((m) => m.work ?? m)).size);
       metrics.runTokens.observe(job.tokens);
     }
-    const transfer: ArrayBuffer[] = [];
-    const run = this.held((x ? x.pool : lane.pool).run(job.task, { transferList: transfer }));
+    // Structured clone, not transfer: the caller's PackedRequest stays readable (a prefix's shared memory is shared, not copied).
+    const run = this.held((x ? x.pool : lane.pool).run(job.task));
     run
       .then(
         (r: unknown) => {

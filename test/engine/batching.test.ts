@@ -118,6 +118,32 @@ describe("batching across requests", () => {
     });
   }
 
+  it("vendor/judge-9B: a pass whose request hangs up while it waits leaves before the batch forms", async () => {
+    const lb = pipeline.build("vendor/judge-9B");
+    const kv = lb.build.manifest.kv!;
+    const layout = { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
+    const onnx = lb.build.onnxPath;
+    const packs = TICKETS.slice(0, 3).map((t) => prepare(lb, t, QUESTIONS).packed);
+    const alone = [];
+    for (const p of packs) alone.push(await pipeline.pool.infer(onnx, p, undefined, { layout, keep: 0 }));
+    const gone = new AbortController();
+    const passesBefore = (await metrics.runPasses.get()).values.find((v) => v.metricName === "assay_inference_run_passes_sum")?.value ?? 0;
+    const settled = await together(lb, () => {
+      const queued = packs.map((p, i) => pipeline.pool.infer(onnx, p, i === 1 ? gone.signal : undefined, { layout, keep: 0 }));
+      gone.abort();
+      return queued.map((q) => q.then((r) => ({ ok: true as const, r }), (e: unknown) => ({ ok: false as const, e })));
+    });
+    expect(settled[1]!.ok).toBe(false);
+    for (const i of [0, 2]) {
+      const s = settled[i]!;
+      expect(s.ok).toBe(true);
+      if (s.ok) expect(maxDiff(s.r.logprobs, alone[i]!.logprobs)).toBeLessThanOrEqual(TOL);
+    }
+    // The held pass and one batch of the two that stayed: three passes run, not four.
+    const passesAfter = (await metrics.runPasses.get()).values.find((v) => v.metricName === "assay_inference_run_passes_sum")?.value ?? 0;
+    expect(passesAfter - passesBefore).toBe(3);
+  });
+
   it("judge-latest: whole requests at once answer as one at a time", async () => {
     const lb = pipeline.build("judge-latest");
     const one: SystemOneResponse[] = [];

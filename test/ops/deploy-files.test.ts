@@ -20,7 +20,7 @@ const README = fs.readFileSync(path.join(ROOT, "README.md"), "utf8");
 function expectKnownEnv(env: Record<string, string>, where: string) {
   for (const name of Object.keys(env)) {
     // Node's and npm's own variables, not assay's.
-    if (name === "NODE_ENV" || name.startsWith("npm_config_")) continue;
+    if (name === "NODE_ENV" || name === "ONNXRUNTIME_NODE_INSTALL" || name.startsWith("npm_config_")) continue;
     expect(configSource, `${where}: ${name} is not a config variable`).toMatch(new RegExp(`\\b${name}:`));
     expect(README, `${where}: ${name} is not documented in README`).toContain(`\`${name}\``);
   }
@@ -39,7 +39,8 @@ function dockerEnv(text: string): Record<string, string> {
 describe("Dockerfiles", () => {
   it.each(["Dockerfile", "Dockerfile.cuda"])("%s builds with the bootstrap and runs the compiled server", (file) => {
     const text = read(file);
-    expect(text).toMatch(/^FROM node:20-/m);
+    // A supported Node line (package.json engines), the one CI runs.
+    expect(text).toMatch(/^FROM node:26-/m);
     expect(text).toContain("RUN node scripts/bootstrap.mjs");
     expect(text).toMatch(/^CMD \["node", "dist\/src\/main\.js"\]$/m);
     expect(text).toMatch(/^STOPSIGNAL SIGTERM$/m);
@@ -53,7 +54,7 @@ describe("Dockerfiles", () => {
 
   it("the CUDA image installs onnxruntime's CUDA binaries and selects the CUDA provider", () => {
     const text = read("Dockerfile.cuda");
-    expect(text).toContain("npm_config_onnxruntime_node_install=cuda12");
+    expect(text).toContain("ONNXRUNTIME_NODE_INSTALL=cuda12");
     // Set before the build stage's bootstrap, which then writes the builds' s8 x s8 (CUDA) graphs.
     const build = text.slice(0, text.indexOf("RUN node scripts/bootstrap.mjs"));
     expect(build).toMatch(/^ENV .*ASSAY_EXECUTION_PROVIDER=cuda/m);
