@@ -167,6 +167,22 @@ export async function concurrencyScenario(o: ConcurrencyOptions, command: string
   const large = Array.from({ length: o.large }, (_, i) => `${i}. ${stateOf(lb, o.largeStateTokens)}`);
   const ids = smalls.map((s) => Array.from(prepare(lb, s, SMALL_Q).packed.inputIds, Number));
   const recipe = lb.build.manifest.source.recipe;
+  // What packing alone could gain on this machine: one pass over a state eight tickets long against one
+  // ticket's pass (engine layer, each state new to the prefix cache, medians of 3).
+  const pass = async (state: string) => {
+    const t = performance.now();
+    await probe.engine.run(lb, prepare(lb, state, SMALL_Q).packed);
+    return performance.now() - t;
+  };
+  await pass("warm-up ticket: the content-free prior and the preamble");
+  const one: number[] = [];
+  const eight: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    one.push(await pass(`${i}: ${smalls[i]!}`));
+    eight.push(await pass(`${i}: ${smalls.slice(i, i + 8).join(" ")}`));
+  }
+  const ceiling = { oneMs: percentile(one, 50), eightLongMs: percentile(eight, 50), ratio: ratio(8 * percentile(one, 50), percentile(eight, 50)) };
+  log(`ceiling: one ticket ${fmtMs(ceiling.oneMs)} ms, a state eight tickets long ${fmtMs(ceiling.eightLongMs)} ms: packing could gain ${ceiling.ratio}x`);
   await probe.close();
 
   const sides: Record<"alone" | "batched", SideResult> = { alone: { runs: [], mixed: [], answers: [] }, batched: { runs: [], mixed: [], answers: [] } };
@@ -238,7 +254,7 @@ export async function concurrencyScenario(o: ConcurrencyOptions, command: string
     alone_c8_over_llama_c8: ratio(at(A, 8)?.throughput, llama ? at(llama.runs, 8)?.throughput : null),
     max_answer_difference: +answerDiff.toExponential(2),
   };
-  const result = { machine, options: o, model: o.model, build: lb.build.manifest.build_hash, small_tokens: ids.map((x) => x.length), alone: A, batched: B, mixed: { alone: mixed(sides.alone), batched: mixed(sides.batched) }, llama, llamaError, rounds: sides, goals };
+  const result = { machine, options: o, model: o.model, build: lb.build.manifest.build_hash, small_tokens: ids.map((x) => x.length), ceiling, alone: A, batched: B, mixed: { alone: mixed(sides.alone), batched: mixed(sides.batched) }, llama, llamaError, rounds: sides, goals };
 
   const md: string[] = [
     `# concurrency: ${o.requests} small requests (one-line ticket, one noul question, ${Math.min(...ids.map((x) => x.length))}–${Math.max(...ids.map((x) => x.length))} packed tokens), ${o.model}`,
@@ -257,6 +273,8 @@ export async function concurrencyScenario(o: ConcurrencyOptions, command: string
     }),
     "",
     `Mixed load (${o.requests} small + ${o.large} large of ${o.largeStateTokens} tokens × 4 questions, 8 in flight): small p50 / p99 alone ${fmtMs(mixed(sides.alone).smallP50)} / ${fmtMs(mixed(sides.alone).smallP99)} ms, batched ${fmtMs(mixed(sides.batched).smallP50)} / ${fmtMs(mixed(sides.batched).smallP99)} ms; large p50 alone ${fmtMs(mixed(sides.alone).largeP50)}, batched ${fmtMs(mixed(sides.batched).largeP50)} ms; wall ${fmtMs(mixed(sides.alone).wallMs)} / ${fmtMs(mixed(sides.batched).wallMs)} ms.`,
+    "",
+    `Packing's ceiling on this machine: one ticket's pass ${fmtMs(ceiling.oneMs)} ms, one pass over a state eight tickets long ${fmtMs(ceiling.eightLongMs)} ms: eight small passes cost **${ceiling.ratio}×** one pass of their combined length (engine layer, medians of 3).`,
     "",
     `Goals: batched c8 / c1 throughput **${goals.batched_c8_over_c1}** (≥ 1.3); lone request p50 batched / alone **${goals.lone_latency_batched_over_alone}** (≤ 1.05); mixed small p99 batched / alone **${goals.mixed_small_p99_batched_over_alone}** (≤ 1); batched c8 / llama.cpp c8 **${goals.batched_c8_over_llama_c8 ?? "–"}** (≥ 3; alone ${goals.alone_c8_over_llama_c8 ?? "–"}); largest answer difference batched vs alone ${goals.max_answer_difference}.`,
     "",

@@ -339,6 +339,7 @@ export class InferencePool {
             intraOpThreads: config.intraOpThreads,
             spinning: config.intraOpSpinning,
             cudaFallbackCpu: false,
+            batching: config.batch.maxTokens > 0 && config.batch.maxPasses > 1,
             testFaults,
           }));
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));
@@ -363,7 +364,7 @@ export class InferencePool {
     };
     this.lanes = opts.map((o, index) => {
       const express: Express | null =
-        this.expressMaxMs > 0 ? { pool: worker(o, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
+        this.expressMaxMs > 0 ? { pool: worker({ ...o, batching: false }, `lane ${index} (express)`), running: null, runningSince: 0, ready: new Set(), loading: null } : null;
       // Beside an express worker the main one runs at a higher nice value: a short pass gets most of the cores while both run.
       const pool = worker(express && config.mainWorkerNice > 0 ? { ...o, nice: config.mainWorkerNice } : o, `lane ${index}`);
       return { index, pool, opts: o, express, queue: new FairQueue<Job>(), system: [], running: null, runningSince: 0, works: new Set<Work>(), batchWait: null, usage: new Map() };

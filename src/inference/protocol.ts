@@ -26,6 +26,11 @@ export interface LaneOptions {
    * onnxruntime's threads inherit it. A lane's main worker runs above its express worker's 0. Absent: unchanged.
    */
   nice?: number;
+  /**
+   * Batching across requests is on (ASSAY_BATCH_MAX_TOKENS > 0) and this is a lane's main worker: a
+   * load also loads the build's batch graph, so that the first batch does not wait for it.
+   */
+  batching?: boolean;
   /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */
   testFaults?: boolean;
 }
