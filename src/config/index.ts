@@ -72,6 +72,7 @@ const Env = z.object({
    */
   ASSAY_BATCH_MAX_TOKENS: z.coerce.number().int().min(0).default(1024).meta({ doc: "a lane runs the waiting passes of different requests on the same build as one pass, taken in the fair queue's order, up to this many packed tokens (and within `ASSAY_PASS_ATTENTION_MB`); a pass joins a batch when it has at most a quarter of this. Builds of export format v4. 0: every pass runs alone. See [batching](docs/architecture.md#batching-across-requests)" }),
   ASSAY_BATCH_MAX_PASSES: z.coerce.number().int().min(1).default(16).meta({ doc: "the most passes one batched run holds" }),
+  ASSAY_BATCH_PRELOAD: bool.default(false).meta({ shown: "`0`", doc: "`1`: a lane's main worker loads each build's batch graph with the build (one more copy of its weights there, and the load at boot) instead of on the first batch, which otherwise waits for it (seconds for the 1.5B on 2 cores)" }),
   ASSAY_BATCH_WAIT_MS: z.coerce.number().min(0).default(0).meta({ doc: "an idle lane waits up to this many ms for more passes to batch with the first one (throughput over latency); 0: a lone pass starts at once" }),
   /** Requests waiting for a worker beyond which the service answers 529. */
   ASSAY_QUEUE_MAX: z.coerce.number().int().min(0).default(64).meta({ doc: "admitted requests waiting (split over the lanes) before 529, whatever their work; see [Admission, deadlines and fairness](docs/architecture.md#admission-deadlines-and-fairness)" }),
@@ -204,7 +205,7 @@ export type Config = Readonly<{
   mainWorkerNice: number;
   queueMax: number;
   /** Batching across requests (0 tokens: off). */
-  batch: { maxTokens: number; maxPasses: number; waitMs: number };
+  batch: { maxTokens: number; maxPasses: number; waitMs: number; preload: boolean };
   maxPackedTokens: number;
   stateChunkTokens: number;
   /** ASSAY_PASS_ATTENTION_MB in bytes. */
@@ -272,7 +273,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     expressMaxTokens: e.ASSAY_EXPRESS_MAX_TOKENS,
     mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,
-    batch: { maxTokens: e.ASSAY_BATCH_MAX_TOKENS, maxPasses: e.ASSAY_BATCH_MAX_PASSES, waitMs: e.ASSAY_BATCH_WAIT_MS },
+    batch: { maxTokens: e.ASSAY_BATCH_MAX_TOKENS, maxPasses: e.ASSAY_BATCH_MAX_PASSES, waitMs: e.ASSAY_BATCH_WAIT_MS, preload: e.ASSAY_BATCH_PRELOAD },
     maxPackedTokens: e.ASSAY_MAX_PACKED_TOKENS,
     stateChunkTokens: e.ASSAY_STATE_CHUNK_TOKENS,
     passAttentionBytes: Math.round(e.ASSAY_PASS_ATTENTION_MB * 1024 * 1024),

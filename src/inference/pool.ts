@@ -339,7 +339,7 @@ export class InferencePool {
             intraOpThreads: config.intraOpThreads,
             spinning: config.intraOpSpinning,
             cudaFallbackCpu: false,
-            batching: config.batch.maxTokens > 0 && config.batch.maxPasses > 1,
+            batching: config.batch.preload && config.batch.maxTokens > 0 && config.batch.maxPasses > 1,
             testFaults,
           }));
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));

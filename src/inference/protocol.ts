@@ -27,8 +27,8 @@ export interface LaneOptions {
    */
   nice?: number;
   /**
-   * Batching across requests is on (ASSAY_BATCH_MAX_TOKENS > 0) and this is a lane's main worker: a
-   * load also loads the build's batch graph, so that the first batch does not wait for it.
+   * ASSAY_BATCH_PRELOAD=1 with batching on, on a lane's main worker: a load also loads the build's batch
+   * graph, so that the first batch does not wait for it.
    */
   batching?: boolean;
   /** Honour `testFault` on tasks (ASSAY_TEST_FAULTS=1 only); a worker without it ignores them. */

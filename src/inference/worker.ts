@@ -227,8 +227,9 @@ export default async function run(task: Task): Promise<TaskResult> {
         const start = performance.now();
         const { provider } = await session(task.model);
         const batching = lane.provider === "cpu" && batches(task.model);
-        // Loaded with its build (one more copy of the weights on the main worker): on a 2-core machine the
-        // 1.5B's batch graph took seconds to load, which the first batch under load waited out.
+        // With ASSAY_BATCH_PRELOAD=1 the batch graph loads with its build (the first batch then waits for
+        // nothing: the 1.5B's took seconds on 2 cores); by default on the first batch, so that a server or
+        // a test that never batches spends neither the load nor the memory.
         if (batching && lane.batching) await session(batchGraphOf(task.model));
         return { ok: true, loaded: true, provider, loadMs: performance.now() - start, batches: batching };
       }
