@@ -29,6 +29,14 @@ import type { KvLayout, PrefixKv } from "./protocol.js";
  * Pure data layout, run on the worker's thread.
  */
 
+/**
+ * The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. Only
+ * the graph it was made from has one: a batch must read as that very graph reads each pass alone.
+ */
+export function batchGraphOf(model: string): string {
+  return model.replace(/\.onnx$/, ".batch.onnx");
+}
+
 /** One pass of a batch: its tensors as model.onnx takes them and, on a build with keys and values, what it continues and keeps. */
 export interface BatchPart extends PackedTensors {
   past?: PrefixKv;

@@ -10,6 +10,7 @@ import { ROOT, type Config } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
 import { batchScores, batchShape, CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
+import { batchGraphOf } from "./batch.js";
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
 import type { BatchOk, InferOk, InferTask, KvTask, LaneOptions, LoadOk, Task, TaskResult, TestFault } from "./protocol.js";
@@ -253,9 +254,6 @@ function buildFacts(model: string): BuildFacts | null {
   }
   return null;
 }
-
-/** The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. */
-const batchGraphOf = (model: string) => model.replace(/\.onnx$/, ".batch.onnx");
 
 /** Attention heads of a build (hidden size / head size, from its manifest.json); 1 when unreadable, which only loosens the attention bound of a batch. */
 function attentionHeads(model: string): number {

@@ -3,7 +3,7 @@ import os from "node:os";
 import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
-import { joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
+import { batchGraphOf, joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
 import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
 
 /**
@@ -105,13 +105,6 @@ function unshared(src: Float32Array): Float32Array {
   return view;
 }
 
-/**
- * The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. Only
- * the graph it was made from has one: a batch must read as that very graph reads each pass alone.
- */
-export function batchGraphOf(model: string): string {
-  return model.replace(/\.onnx$/, ".batch.onnx");
-}
 const batches = (model: string) => fs.existsSync(batchGraphOf(model));
 
 async function infer(t: InferTask): Promise<TaskResult> {

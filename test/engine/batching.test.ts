@@ -18,6 +18,7 @@ import fs from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COMPUTED_PREFIX_TOKENS, type LoadedBuild } from "../../src/engine/index.js";
 import { prepare } from "../../src/families/general.js";
+import { batchGraphOf } from "../../src/inference/batch.js";
 import { continuePacked, type PackedRequest } from "../../src/inference/pack.js";
 import type { InferOk, KvTask, PrefixKv } from "../../src/inference/protocol.js";
 import { metrics } from "../../src/observability/metrics.js";
@@ -84,7 +85,7 @@ describe("batching across requests", () => {
     it(`${model}: hits and misses of different requests in one pass read as each alone`, async () => {
       const lb = pipeline.build(model);
       const kv = lb.build.manifest.kv!;
-      expect(fs.existsSync(lb.build.onnxPath.replace(/\.onnx$/, ".batch.onnx"))).toBe(true);
+      expect(fs.existsSync(batchGraphOf(lb.build.onnxPath))).toBe(true);
       const layout = { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
       const onnx = lb.build.onnxPath;
       const packs = TICKETS.map((t) => prepare(lb, t, QUESTIONS).packed);
