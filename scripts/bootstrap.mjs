@@ -133,7 +133,7 @@ function ensureVenv() {
 }
 
 /** What scripts/export_onnx.py writes today. */
-const EXPORT_FORMAT = "assay-packed-v3";
+const EXPORT_FORMAT = "assay-packed-v4";
 
 function ensureModels() {
   const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
@@ -148,10 +148,12 @@ function ensureModels() {
     const recipe = build.recipe && recipes[build.recipe];
     if (fs.existsSync(manifest)) {
       // A build exported before the graph took past keys and values (v2) still
-      // serves, without the prefix cache; one made from a recipe is re-exported.
+      // serves, without the prefix cache, and one before its norms were written
+      // out (v3) serves with answers that move with the onnxruntime version; one
+      // made from a recipe is re-exported (its calibration is keyed to the v4 graph).
       const format = JSON.parse(fs.readFileSync(manifest, "utf8")).format;
       if (format === EXPORT_FORMAT || !recipe) continue;
-      say(`model "${name}" was exported as ${format}; exporting it again as ${EXPORT_FORMAT} (prefix cache)`);
+      say(`model "${name}" was exported as ${format}; exporting it again as ${EXPORT_FORMAT}`);
     }
     if (!recipe) {
       say(`model build "${name}" has no manifest in ${dir} and no recipe to make it; fix ${MODELS_CONFIG}`);

@@ -7,7 +7,9 @@
 // The answers come from the real pipeline on the embedded default models
 // (dist/, built by the bootstrap), the same one the HTTP route runs; numbers
 // are printed to 3 decimals. test/engine/docs-examples.test.ts fails while a
-// committed block differs from what the pipeline answers (tolerance 0.002).
+// committed block differs from what the pipeline answers (tolerance 0.002 on a
+// CPU of the kind that printed it, named in the block; wider on another kind:
+// src/models/int8.ts, cpuFloatKernels).
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -66,14 +68,28 @@ export function blockOf(text, name) {
   return i < 0 || j < i ? null : text.slice(i + start.length, j);
 }
 
-export function renderBlock(request, response) {
-  return `\n\n\`\`\`sh\n${formatRequest(request)}\n\`\`\`\n\n\`\`\`json\n${formatResponse(response)}\n\`\`\`\n\n`;
+/** The kind of CPU a block was printed on, from its note (null for a block printed before the note). */
+export function printedOn(block) {
+  return /<!-- printed on an? (\S+) CPU -->/.exec(block)?.[1] ?? null;
+}
+
+const KIND_NAMES = { avx512: "AVX-512", avx2: "AVX2" };
+
+export function renderBlock(request, response, kind) {
+  const other = kind === "avx512" ? "AVX2" : "AVX-512";
+  const note =
+    `<!-- printed on ${/^[aeiou]/.test(kind) ? "an" : "a"} ${kind} CPU -->\n` +
+    `Answered on a CPU with ${KIND_NAMES[kind] ?? `${kind} float kernels`}. A CPU with ${other} answers a little differently, in ` +
+    `the second decimal: the int8 graph carries its float kernels' rounding into the answers.`;
+  return `\n\n\`\`\`sh\n${formatRequest(request)}\n\`\`\`\n\n\`\`\`json\n${formatResponse(response)}\n\`\`\`\n\n${note}\n\n`;
 }
 
 async function main() {
   const { loadConfig } = await import(path.join(ROOT, "dist", "src", "config", "index.js"));
   const { EnginePipeline } = await import(path.join(ROOT, "dist", "src", "pipeline", "index.js"));
   const { Timings } = await import(path.join(ROOT, "dist", "src", "pipeline", "timings.js"));
+  const { cpuFloatKernels } = await import(path.join(ROOT, "dist", "src", "models", "int8.js"));
+  const kind = cpuFloatKernels();
   const examples = JSON.parse(fs.readFileSync(EXAMPLES_FILE, "utf8"));
   const engine = await EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent", ASSAY_MODEL_SCHEDULE: "never" }));
   try {
@@ -84,8 +100,8 @@ async function main() {
       const response = await engine.run(ex.request, { requestId: "docs", orgId: "docs", timings: new Timings() });
       const { start, end } = markers(ex.name);
       const i = text.indexOf(start) + start.length;
-      fs.writeFileSync(file, text.slice(0, i) + renderBlock(ex.request, response) + text.slice(text.indexOf(end)));
-      console.error(`${ex.file}: example ${ex.name} written`);
+      fs.writeFileSync(file, text.slice(0, i) + renderBlock(ex.request, response, kind) + text.slice(text.indexOf(end)));
+      console.error(`${ex.file}: example ${ex.name} written (${kind} CPU)`);
     }
   } finally {
     await engine.close();

@@ -94,8 +94,14 @@ class PackedDecoder(nn.Module):
             self.layers.append(m)
 
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)
-        return x * torch.rsqrt(var + self.eps) * w
+        # Written out as onnxruntime's fused SimplifiedLayerNormalization computed it up
+        # to 1.29 (one float32 running sum of squares per row, then x / sqrt(mean + eps)
+        # * w), in operators no runtime fuses: 1.30's fused kernel sums in another order,
+        # and the W8A8 graph carries a norm's last-bit change into tenths of a
+        # log-probability. This reads bit for bit as the fused graph read on 1.23-1.29,
+        # on every runtime (docs/experiments/runtime-1.30.md).
+        ss = torch.cumsum(x * x, dim=-1)[..., -1:]
+        return x / torch.sqrt(ss / self.hidden + self.eps) * w
 
     @staticmethod
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -452,7 +458,7 @@ def main() -> int:
     special = {k: v for k, v in {
         "eos": tok.eos_token, "bos": tok.bos_token, "pad": tok.pad_token}.items() if v is not None}
     manifest = {
-        "format": "assay-packed-v3",
+        "format": "assay-packed-v4",
         "architecture": arch,
         "name": str(meta.get("general.name") or args.gguf.stem),
         "vocab_size": vocab,

@@ -8,7 +8,7 @@
  *   gzip, deflate, br   node:zlib, `maxOutputLength` (the decoder stops
  *                       within one 16 KiB chunk of the limit)
  *   zstd                node:zlib where Node has it (≥ 22.15 / 23.8),
- *                       otherwise fzstd (pure JS, Node 20); both behind
+ *                       otherwise fzstd (pure JS, Node 22.14); both behind
  *                       `checkZstdFrames` (zstd-frames.ts)
  *
  * Corrupt or truncated data is 422 naming the coding and what is wrong; an

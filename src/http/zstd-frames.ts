@@ -21,7 +21,7 @@
  * smaller window changes nothing a valid body decodes to. What it bounds: a
  * 20-byte frame may declare a window of up to 2 GiB (3.75 TiB in the format),
  * which the decoders allocate up front — native zstd up to its 128 MiB
- * default limit, fzstd (Node 20) anything below 2 GiB, once per frame, and
+ * default limit, fzstd (Node 22.14) anything below 2 GiB, once per frame, and
  * fzstd then moves its whole window once per block (content-encoding.ts
  * caps its blocks).
  *

@@ -78,7 +78,7 @@ async function injectFault(t: InferTask): Promise<void> {
   if (f.kind === "throw") throw new Error("injected test fault: the model threw");
   if (f.kind === "exit") process.exit(70); // in a worker thread this ends the thread only
   // waitAsync keeps this thread's event loop free, so piscina can still terminate it at close.
-  // (Node 20 has it; TypeScript types it from lib es2024 only.)
+  // (every supported Node has it; TypeScript types it from lib es2024 only.)
   const waitAsync = (Atomics as unknown as { waitAsync(a: Int32Array, i: number, v: number): { value: Promise<string> | string } }).waitAsync;
   while (Atomics.load(f.flag, 0) === 0) await waitAsync(f.flag, 0, 0).value;
 }

@@ -50,3 +50,15 @@ export function cpuInt8Products(flags: Set<string> | null = cpuFlags()): { use: 
 
 /** The graph file of the chosen products in an exported build's folder. */
 export const INT8_GRAPH: Record<Int8Products, string> = { u8s8: "model.onnx", u8u8: "model.u8u8.onnx", s8s8: "model.s8s8.onnx" };
+
+/**
+ * Which of onnxruntime's CPU float kernels run here (its MLAS library picks them by ISA). The int8
+ * products are exact everywhere, but the float work around them (softmax, the float products of
+ * attention) sums in wider lanes under AVX-512 than under AVX2, and the W8A8 graph carries that
+ * last-bit difference into the answers' second decimal: the same request answers a little
+ * differently on the two kinds of CPU, and the same on two CPUs of one kind.
+ */
+export function cpuFloatKernels(flags: Set<string> | null = cpuFlags()): "avx512" | "avx2" | "other" | "unknown" {
+  if (!flags) return "unknown";
+  return flags.has("avx512f") ? "avx512" : flags.has("avx2") ? "avx2" : "other";
+}

@@ -46,15 +46,19 @@ export const CalibrationFit = z.looseObject({
 export type CalibrationFit = z.infer<typeof CalibrationFit>;
 
 export const Manifest = z.object({
-  /** v3 graphs also take `past_kv` and return `present_kv` (the prefix cache); v2 builds run without it. */
-  format: z.enum(["assay-packed-v2", "assay-packed-v3"]),
+  /**
+   * v3 graphs also take `past_kv` and return `present_kv` (the prefix cache); v2 builds run without it.
+   * v4 is v3 with its norms written out in operators no onnxruntime fuses, so that it reads the same
+   * on every runtime version (scripts/export_onnx.py `rms`).
+   */
+  format: z.enum(["assay-packed-v2", "assay-packed-v3", "assay-packed-v4"]),
   architecture: z.string(),
   name: z.string(),
   vocab_size: z.number().int().positive(),
   context_length: z.number().int().positive(),
   hidden_size: z.number().int().positive(),
   num_layers: z.number().int().positive(),
-  /** Key/value layout of `past_kv` / `present_kv` (v3). */
+  /** Key/value layout of `past_kv` / `present_kv` (v3 and later). */
   kv: z.object({ layers: z.number().int().positive(), kv_heads: z.number().int().positive(), head_dim: z.number().int().positive() }).optional(),
   parameters: z.number().int().positive(),
   quantization: z.record(z.string(), z.unknown()),

@@ -19,7 +19,7 @@ import path from "node:path";
 import * as ort from "onnxruntime-node";
 import { describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
-import { cpuInt8Products, int8Products } from "../../src/models/int8.js";
+import { cpuFloatKernels, cpuInt8Products, int8Products } from "../../src/models/int8.js";
 import { readBuild } from "../../src/models/manifest.js";
 
 // --- a minimal ONNX protobuf writer: varints, length-delimited fields ---
@@ -115,6 +115,13 @@ describe("which graph ASSAY_INT8_PRODUCTS=auto picks", () => {
     // What a CUDA lane that falls back to the CPU runs instead: the CPU's own choice.
     expect(cpuInt8Products(cpu()).use).toBe("u8u8");
     expect(cpuInt8Products(cpu("amx_int8")).use).toBe("u8s8");
+  });
+
+  it("names the float kernels' kind, which a printed example answer depends on", () => {
+    expect(cpuFloatKernels(new Set(["sse2", "avx2", "avx512f", "avx512_vnni"]))).toBe("avx512");
+    expect(cpuFloatKernels(new Set(["sse2", "avx2"]))).toBe("avx2");
+    expect(cpuFloatKernels(new Set(["sse2"]))).toBe("other");
+    expect(cpuFloatKernels(null)).toBe("unknown");
   });
 });
 

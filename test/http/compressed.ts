@@ -3,7 +3,7 @@
  * frame builder (raw and RLE blocks are zstd any decoder must read, and they
  * let a test declare any window, content size or block layout), and zstd
  * files made by the reference CLI (zstd 1.5.4) for compressed blocks, which
- * Node 20 cannot make (node:zlib has zstd from 22.15 / 23.8):
+ * Node 22.14 cannot make (node:zlib has zstd from 22.15 / 23.8):
  *
  *   LARGE_BODY_TEXT > body.json
  *   zstd -3 body.json -o body.json.zst                        LARGE_BODY_ZSTD (content size declared)
@@ -136,7 +136,7 @@ export function zstdZeros(bytes: number, options: FrameOptions = { windowLog: 20
 /**
  * `data` as one frame of RLE blocks (runs of 32 bytes or more) and raw
  * blocks (the rest): a zstd compressor good enough for the tests' bodies of
- * repeated characters on Node 20.
+ * repeated characters on Node 22.14.
  */
 export function zstdRuns(data: Buffer): Buffer {
   const MAX = 128 * 1024;
@@ -167,7 +167,7 @@ export const nativeZstdCompress: ((data: Buffer) => Buffer) | null = (() => {
   return f ? (data: Buffer) => f(data) : null;
 })();
 
-/** Every supported coding, applied to `data`. zstd: the native compressor, or `zstdRuns` on Node 20. */
+/** Every supported coding, applied to `data`. zstd: the native compressor, or `zstdRuns` on Node 22.14. */
 export function compress(coding: "gzip" | "deflate" | "deflate-raw" | "br" | "zstd", data: Buffer): Buffer {
   switch (coding) {
     case "gzip":
