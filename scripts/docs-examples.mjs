@@ -68,13 +68,9 @@ export function blockOf(text, name) {
   return i < 0 || j < i ? null : text.slice(i + start.length, j);
 }
 
-/** The kind of CPU a block was printed on, from its note (null for a block printed before the note). */
-export function printedOn(block) {
-  return /<!-- printed on an? (\S+) CPU -->/.exec(block)?.[1] ?? null;
-}
-
 const KIND_NAMES = { avx512: "AVX-512", avx2: "AVX2" };
 
+/** The block: the curl command, the response, and the kind of CPU that answered (the test reads its comment). */
 export function renderBlock(request, response, kind) {
   const other = kind === "avx512" ? "AVX2" : "AVX-512";
   const note =
