@@ -54,9 +54,9 @@ export const INT8_GRAPH: Record<Int8Products, string> = { u8s8: "model.onnx", u8
 /**
  * Which of onnxruntime's CPU float kernels run here (its MLAS library picks them by ISA). The int8
  * products are exact everywhere, but the float work around them (softmax, the float products of
- * attention) sums in wider lanes under AVX-512 than under AVX2, and the W8A8 graph carries that
- * last-bit difference into the answers' second decimal: the same request answers a little
- * differently on the two kinds of CPU, and the same on two CPUs of one kind.
+ * attention) runs kernels written per ISA, and the W8A8 graph carries their last-bit differences
+ * into the answers' second decimal: the README's example answered 0.867 on an AVX-512 EPYC and
+ * 0.876 on an AVX2 one. Which ops differ was not pinned down.
  */
 export function cpuFloatKernels(flags: Set<string> | null = cpuFlags()): "avx512" | "avx2" | "other" | "unknown" {
   if (!flags) return "unknown";
