@@ -9,21 +9,23 @@ CPU kernels (measured, docs/experiments/batching.md) fix the layout: softmax sum
 lanes, so a row's keys must sit at the same offsets as alone; a MatMul sums K in blocks of 256 from
 0, so they must start where they start alone. Appended keys with probability 0 change nothing. So:
 
-  prefix rows    [N, Sm] rows, each request's own keys [past | prefix] gathered from 0, padded at the end;
-  branch rows    [B, Lm] slots, each row [own past | own prefix | own block | pad] gathered from the scores,
-                 its values summed in two products as model.onnx sums them (prefix part, then block part).
+  own keys       each request's keys [past | prefix] gathered once per layer ([N, Km], padded at the end),
+                 read by its prefix rows and by all its branch rows, as model.onnx's branches share its prefix;
+  prefix rows    [N, Sm] rows against their request's own keys from 0, causal;
+  branch rows    [N, Bm, Lm] slots (a request's branches, padded to the most any request has), each row
+                 [own past | own prefix | own block | pad] gathered from the scores, its values summed in
+                 two products as model.onnx sums them (prefix part, then block part).
 
 Inputs (src/inference/batch.ts builds them)
   input_ids, position_ids [T]; gather_idx [G]; target_ids [G, K]; past_kv [2, layers, kv_heads, P, D]
   pre_rows [N, Sm]   token of each request's prefix rows (pad: any token)
   pre_keys [N, Km]   key of each (pool = past_kv's P keys, then one per token), own past then own prefix
   pre_bias [N, Sm, Km]   0 / -inf: causal within the request's own keys
-  br_rows [B, Lm]    token of each branch slot (model.onnx's branch_slots, per request)
-  br_keys [B, Kb]    the branch's request's own keys (as pre_keys)
-  br_bias [B, Lm, Kb + Lm]   0 / -inf: its own keys, then model.onnx's block mask
-  row_cols [B, Lm, Kb + Lm]  column of cat(prefix scores, block scores, -inf) at each place of the row
-  blk_cols [B, Lm, Lm]   place in the row of each block column (pad: a -inf place)
-  pref_keep [B, Kb]  1 for the request's own keys, 0 after
+  br_rows [N, Bm, Lm]    token of each branch slot (model.onnx's branch_slots, per request; pad: its first token)
+  br_bias [N, Bm, Lm, Km + Lm]   0 / -inf: its own keys, then model.onnx's block mask (a pad branch: key 0)
+  row_cols [N, Bm, Lm, Km + Lm]  column of cat(own key scores, block scores, -inf) at each place of the row
+  blk_cols [N, Bm, Lm, Lm]   place in the row of each block column (pad: a -inf place)
+  pref_keep [N, Km]  1 for the request's own keys, 0 after
   row_src [T]        each token's row in cat(prefix rows, branch slots)
 Outputs
   logprobs [G, K]; present_kv [2, layers, kv_heads, P + T, D] (the pool: a request keeps its own)
@@ -49,8 +51,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from export_onnx import INPUTS, OUTPUTS, PackedDecoder, packed_example, sess_run  # noqa: E402
 
 BATCH_INPUTS = ["input_ids", "position_ids", "gather_idx", "target_ids", "past_kv", "pre_rows", "pre_keys", "pre_bias",
-                "br_rows", "br_keys", "br_bias", "row_cols", "blk_cols", "pref_keep", "row_src"]
+                "br_rows", "br_bias", "row_cols", "blk_cols", "pref_keep", "row_src"]
 FILE = "model.batch.onnx"
+# The layout of the inputs above; src/inference/batch.ts BATCH_LAYOUT builds the same and uses a build's
+# batch graphs only when its manifest's `batch_layout` says this.
+LAYOUT = 2
 
 
 def log(msg: str) -> None:
@@ -65,13 +70,12 @@ class BatchDecoder(nn.Module):
         self.m = m
 
     def forward(self, input_ids, position_ids, gather_idx, target_ids, past_kv, pre_rows, pre_keys, pre_bias,
-                br_rows, br_keys, br_bias, row_cols, blk_cols, pref_keep, row_src):
+                br_rows, br_bias, row_cols, blk_cols, pref_keep, row_src):
         m = self.m
         T = input_ids.shape[0]
         N, Sm = pre_rows.shape[0], pre_rows.shape[1]
         Km = pre_keys.shape[1]
-        B, Lm = br_rows.shape[0], br_rows.shape[1]
-        Kb = br_keys.shape[1]
+        Bm, Lm = br_rows.shape[1], br_rows.shape[2]
         H, KV, D = m.n_heads, m.n_kv, m.head_dim
         rep = H // KV
         x = torch.nn.functional.embedding(input_ids, m.embed).float()
@@ -79,10 +83,11 @@ class BatchDecoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().unsqueeze(0), emb.sin().unsqueeze(0)
         scale = 1.0 / math.sqrt(D)
-        neg = torch.full((H, B, Lm, 1), float("-inf"))
-        rows = row_cols.unsqueeze(0).expand(H, B, Lm, Kb + Lm)
-        blk = blk_cols.unsqueeze(0).expand(H, B, Lm, Lm)
-        keep = pref_keep.view(B, 1, Kb)
+        neg = torch.full((H, N, Bm, Lm, 1), float("-inf"))
+        rows = row_cols.unsqueeze(0).expand(H, N, Bm, Lm, Km + Lm)
+        blk = blk_cols.unsqueeze(0).expand(H, N, Bm, Lm, Lm)
+        keep = pref_keep.view(N, 1, 1, Km)
+        pre_flat, br_flat = pre_keys.reshape(-1), br_rows.reshape(-1)
         present = []
 
         def heads(t: torch.Tensor, *shape: int) -> torch.Tensor:  # [KV, n, D] -> [H, *shape, D], as model.onnx expands
@@ -106,23 +111,27 @@ class BatchDecoder(nn.Module):
             vpool = torch.cat((past_kv[1, li], v), 1)
             present.append(torch.stack((kpool, vpool)))
 
-            # prefix rows: each request against its own keys, from 0
+            # each request's own keys [past | prefix] from 0, once: its prefix rows and its branch rows read them
+            kk = heads(kpool.index_select(1, pre_flat), N, Km)                            # [H, N, Km, D]
+            vv = heads(vpool.index_select(1, pre_flat), N, Km)
+
+            # prefix rows: causal within the request's own keys
             qp = q.index_select(1, pre_rows.reshape(-1)).view(H, N, Sm, D)
-            kk = heads(kpool.index_select(1, pre_keys.reshape(-1)), N, Km)
-            vv = heads(vpool.index_select(1, pre_keys.reshape(-1)), N, Km)
             att = torch.softmax(qp @ kk.transpose(-1, -2) + pre_bias, dim=-1)
             out_p = (att @ vv).view(H, N * Sm, D)
 
-            # branch rows: [own keys | own block | pad], as model.onnx's cat(prefix scores, block scores)
-            qb = q.index_select(1, br_rows.reshape(-1)).view(H, B, Lm, D)
-            kb = heads(kpool.index_select(1, br_keys.reshape(-1)), B, Kb)
-            vb = heads(vpool.index_select(1, br_keys.reshape(-1)), B, Kb)
-            ks = heads(k.index_select(1, br_rows.reshape(-1)), B, Lm)
-            vs = heads(v.index_select(1, br_rows.reshape(-1)), B, Lm)
-            scores = torch.cat((qb @ kb.transpose(-1, -2), qb @ ks.transpose(-1, -2)), -1) + br_bias
-            p = torch.softmax(torch.gather(torch.cat((scores, neg), -1), 3, rows), dim=-1)   # [H, B, Lm, Kb+Lm]
-            out_b = (p[..., :Kb] * keep) @ vb + torch.gather(p, 3, blk) @ vs
-            out = torch.cat((out_p, out_b.view(H, B * Lm, D)), 1).index_select(1, row_src)  # [H, T, D]
+            # branch rows: [own keys | own block | pad], as model.onnx's cat(prefix scores, block scores);
+            # all of a request's branches against its keys in one product, as model.onnx's branches share them
+            qb = q.index_select(1, br_flat).view(H, N, Bm * Lm, D)
+            ks = heads(k.index_select(1, br_flat), N * Bm, Lm)                            # [H, N*Bm, Lm, D]
+            vs = heads(v.index_select(1, br_flat), N * Bm, Lm)
+            s1 = (qb @ kk.transpose(-1, -2)).view(H, N, Bm, Lm, Km)
+            s2 = (qb.view(H, N * Bm, Lm, D) @ ks.transpose(-1, -2)).view(H, N, Bm, Lm, Lm)
+            scores = torch.cat((s1, s2), -1) + br_bias
+            p = torch.softmax(torch.gather(torch.cat((scores, neg), -1), 4, rows), dim=-1)   # [H, N, Bm, Lm, Km+Lm]
+            own = ((p[..., :Km] * keep).view(H, N, Bm * Lm, Km) @ vv).view(H, N * Bm, Lm, D)
+            out_b = own + torch.gather(p, 4, blk).view(H, N * Bm, Lm, Lm) @ vs
+            out = torch.cat((out_p, out_b.view(H, N * Bm * Lm, D)), 1).index_select(1, row_src)  # [H, T, D]
 
             o = out.transpose(0, 1).reshape(T, H * D) @ layer.o_t
             if layer.o_b is not None:
@@ -167,42 +176,42 @@ def join(passes: list[tuple], past_lens: list[int]):
         pre_keys[r, : K[r]] = own[r]
         for i in range(Sm):
             pre_bias[r, i, : (past_lens[r] + i + 1 if i < S[r] else 1)] = 0
-    blocks = [(r, b) for r, a in enumerate(passes) for b in range(a[5].shape[0])]
+    Bm = max(a[5].shape[0] for a in passes)
     Lm = max(a[5].shape[1] for a in passes)
-    Kb = Km
-    B = len(blocks)
-    br_rows = np.zeros((B, Lm), np.int64)
-    br_keys = np.zeros((B, Kb), np.int64)
-    br_bias = np.full((B, Lm, Kb + Lm), -np.inf, np.float32)
-    row_cols = np.zeros((B, Lm, Kb + Lm), np.int64)
-    blk_cols = np.zeros((B, Lm, Lm), np.int64)
-    pref_keep = np.zeros((B, Kb), np.float32)
+    W = Km + Lm
+    br_rows = np.zeros((n, Bm, Lm), np.int64)
+    br_bias = np.full((n, Bm, Lm, W), -np.inf, np.float32)
+    row_cols = np.full((n, Bm, Lm, W), W, np.int64)
+    blk_cols = np.zeros((n, Bm, Lm, Lm), np.int64)
+    pref_keep = np.zeros((n, Km), np.float32)
     row_src = np.zeros(T, np.int64)
     for r, a in enumerate(passes):
         for i in range(S[r]):
             row_src[tok_off[r] + i] = r * Sm + i
-    for g, (r, b) in enumerate(blocks):
-        a = passes[r]
+        pref_keep[r, : K[r]] = 1
         slots, slot_of, end = a[5].numpy(), a[6].numpy(), a[2].numpy()
-        Lp = slots.shape[1]
-        sl = slots[b]
-        valid = slot_of[sl - S[r]] == np.arange(b * Lp, (b + 1) * Lp)
-        br_rows[g, :Lp] = tok_off[r] + sl
-        br_rows[g, Lp:] = tok_off[r] + sl[0]
-        br_keys[g, : K[r]] = own[r]
-        pref_keep[g, : K[r]] = 1
-        for l in range(Lm):
-            br_bias[g, l, : K[r]] = 0
-            for j in range(Lp):
-                if l < Lp and valid[j] and sl[j] <= sl[l] <= end[sl[j]]:
-                    br_bias[g, l, Kb + j] = 0
-            for c in range(Kb + Lm):
-                row_cols[g, l, c] = c if c < K[r] else Kb + (c - K[r]) if c < K[r] + Lp else Kb + Lm
-            for j in range(Lm):
-                blk_cols[g, l, j] = K[r] + j if j < Lp else K[r] + Lp
-        for l in range(Lp):
-            if valid[l]:
-                row_src[tok_off[r] + sl[l]] = n * Sm + g * Lm + l
+        Bp, Lp = slots.shape
+        br_rows[r] = tok_off[r]
+        br_bias[r, :, :, 0] = 0  # a pad row sees the request's first key (finite, discarded)
+        row_cols[r, :, :, 0] = 0
+        blk_cols[r] = K[r] + Lp
+        for b in range(Bp):
+            sl = slots[b]
+            valid = slot_of[sl - S[r]] == np.arange(b * Lp, (b + 1) * Lp)
+            br_rows[r, b, :Lp] = tok_off[r] + sl
+            br_rows[r, b, Lp:] = tok_off[r] + sl[0]
+            for l in range(Lm):
+                br_bias[r, b, l, : K[r]] = 0
+                for j in range(Lp):
+                    if l < Lp and valid[j] and sl[j] <= sl[l] <= end[sl[j]]:
+                        br_bias[r, b, l, Km + j] = 0
+                for c in range(W):
+                    row_cols[r, b, l, c] = c if c < K[r] else Km + (c - K[r]) if c < K[r] + Lp else W
+                for j in range(Lm):
+                    blk_cols[r, b, l, j] = K[r] + j if j < Lp else K[r] + Lp
+            for l in range(Lp):
+                if valid[l]:
+                    row_src[tok_off[r] + sl[l]] = n * Sm + (r * Bm + b) * Lm + l
     gather, width = [], max(a[4].shape[1] for a in passes)
     tgt, rows = [], []
     for r, a in enumerate(passes):
@@ -213,7 +222,7 @@ def join(passes: list[tuple], past_lens: list[int]):
         tgt.append(t_)
     past = np.concatenate([a[7].numpy() if hasattr(a[7], "numpy") else a[7] for a in passes], axis=3)
     feeds = [np.array(ids, np.int64), np.array(pos, np.int64), np.array(gather, np.int64), np.concatenate(tgt), past,
-             pre_rows, pre_keys, pre_bias, br_rows, br_keys, br_bias, row_cols, blk_cols, pref_keep, row_src]
+             pre_rows, pre_keys, pre_bias, br_rows, br_bias, row_cols, blk_cols, pref_keep, row_src]
     return feeds, rows, [a[4].shape[1] for a in passes]
 
 
@@ -270,8 +279,8 @@ def write_base(build: Path, gguf: Path, manifest: dict, tok, t0: float) -> int:
     fp32_dir.mkdir()
     dyn = {"input_ids": {0: "T"}, "position_ids": {0: "T"}, "gather_idx": {0: "G"}, "target_ids": {0: "G", 1: "K"},
            "past_kv": {3: "P"}, "pre_rows": {0: "N", 1: "Sm"}, "pre_keys": {0: "N", 1: "Km"}, "pre_bias": {0: "N", 1: "Sm", 2: "Km"},
-           "br_rows": {0: "B", 1: "Lm"}, "br_keys": {0: "B", 1: "Kb"}, "br_bias": {0: "B", 1: "Lm", 2: "KbLm"},
-           "row_cols": {0: "B", 1: "Lm", 2: "KbLm"}, "blk_cols": {0: "B", 1: "Lm", 2: "Lm2"}, "pref_keep": {0: "B", 1: "Kb"},
+           "br_rows": {0: "N", 1: "Bm", 2: "Lm"}, "br_bias": {0: "N", 1: "Bm", 2: "Lm", 3: "KmLm"},
+           "row_cols": {0: "N", 1: "Bm", 2: "Lm", 3: "KmLm"}, "blk_cols": {0: "N", 1: "Bm", 2: "Lm", 3: "Lm2"}, "pref_keep": {0: "N", 1: "Km"},
            "row_src": {0: "T"}, "logprobs": {0: "G", 1: "K"}, "present_kv": {3: "PT"}}
     log(f"exporting the batch graph ... {time.time() - t0:.0f}s")
     with torch.no_grad():
@@ -354,6 +363,10 @@ def main() -> int:
         log(f"{build}: not a W8A8 build; no batch graph")
         return 0
     tok = AutoTokenizer.from_pretrained(str(build))
+    if manifest.get("batch_layout") != LAYOUT:
+        # Graphs of an earlier layout take other inputs: written again from the weights.
+        for stale in build.glob("*.batch.onnx*"):
+            stale.unlink()
     if not (build / FILE).exists():
         rc = write_base(build, args.gguf, manifest, tok, t0)
         if rc:
@@ -361,6 +374,11 @@ def main() -> int:
     import onnxruntime as ort
 
     rc = write_variants(build, manifest, tok, cpu_only="CUDAExecutionProvider" not in ort.get_available_providers())
+    if rc == 0 and manifest.get("batch_layout") != LAYOUT:
+        manifest["batch_layout"] = LAYOUT
+        tmp = build / "manifest.json.partial"
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp.rename(build / "manifest.json")
     log(f"batch graphs of {build.name} ready in {time.time() - t0:.0f}s")
     return rc
 

@@ -134,6 +134,8 @@ function ensureVenv() {
 
 /** What scripts/export_onnx.py writes today. */
 const EXPORT_FORMAT = "assay-packed-v4";
+// The batch graph's input layout (scripts/batch_graph.py LAYOUT, src/inference/batch.ts BATCH_LAYOUT).
+const BATCH_LAYOUT = 2;
 
 function ensureModels() {
   const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
@@ -216,8 +218,11 @@ function ensureBatchGraphs() {
     const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
     // model.onnx's twin, and the twin of each other graph the build has on this machine (u8 x u8 on every CPU).
     const twins = ["model.onnx", "model.u8u8.onnx"].filter((f) => fs.existsSync(path.join(dir, f))).map((f) => f.replace(/\.onnx$/, ".batch.onnx"));
-    if (!fs.existsSync(manifest) || !fs.existsSync(gguf) || twins.every((f) => fs.existsSync(path.join(dir, f)))) continue;
-    if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
+    if (!fs.existsSync(manifest) || !fs.existsSync(gguf)) continue;
+    const facts = JSON.parse(fs.readFileSync(manifest, "utf8"));
+    if (facts.quantization?.op !== "MatMulInteger") continue;
+    // A batch graph of an earlier input layout (src/inference/batch.ts BATCH_LAYOUT) is written again.
+    if (facts.batch_layout === BATCH_LAYOUT && twins.every((f) => fs.existsSync(path.join(dir, f)))) continue;
     say(`model "${name}": writing its batch graph (first run only, a few minutes) ...`);
     run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },

@@ -15,9 +15,12 @@ import type { KvLayout, PrefixKv } from "./protocol.js";
  * docs/experiments/batching.md), so each row holds its own keys at the offsets
  * they have alone, with only keys of probability 0 after them:
  *
- *   prefix rows   request n's rows [Sm] against its own keys [past | prefix], from 0, padded at the end;
- *   branch rows   each row [own past | own prefix | own block | pad], gathered from the scores,
- *                 its values summed as model.onnx sums them (the prefix part, then the block part).
+ *   own keys      request n's keys [past | prefix], from 0, padded at the end, gathered once per layer
+ *                 and read by its prefix rows and all its branch rows (as model.onnx's branches share them);
+ *   prefix rows   request n's rows [Sm] against its own keys, causal;
+ *   branch rows   request n's branches [Bm, Lm], each row [own past | own prefix | own block | pad],
+ *                 gathered from the scores, its values summed as model.onnx sums them (the prefix
+ *                 part, then the block part).
  *
  * Tokens are the passes' tokens one pass after another (a token's rows through
  * the linear layers do not depend on the other rows: per-row int8 scales).
@@ -28,6 +31,12 @@ import type { KvLayout, PrefixKv } from "./protocol.js";
  *
  * Pure data layout, run on the worker's thread.
  */
+
+/**
+ * The layout of the batch graph's inputs this code builds; scripts/batch_graph.py stamps it into the
+ * build's manifest (`batch_layout`), and a graph of another layout is not used (the bootstrap rewrites it).
+ */
+export const BATCH_LAYOUT = 2;
 
 /**
  * The batch graph next to a model file (scripts/batch_graph.py): `model.onnx` → `model.batch.onnx`. Only
@@ -61,14 +70,17 @@ export interface JoinedPass {
   preRows: BigInt64Array;
   preKeys: BigInt64Array;
   preBias: Float32Array;
-  b: number;
+  /** Branches per part (padded: a part with fewer has pad branches that read its first key) and slots per branch. */
+  bm: number;
   lm: number;
-  kb: number;
+  /** [n, bm, lm] */
   brRows: BigInt64Array;
-  brKeys: BigInt64Array;
+  /** [n, bm, lm, km + lm] */
   brBias: Float32Array;
   rowCols: BigInt64Array;
+  /** [n, bm, lm, lm] */
   blkCols: BigInt64Array;
+  /** [n, km] */
   prefKeep: Float32Array;
   rowSrc: BigInt64Array;
   /** Per part: its first token, its first output row, its first continued key. */
@@ -99,9 +111,8 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
   const K = parts.map((_, r) => pastOf[r]! + S[r]!);
   const sm = Math.max(...S);
   const km = Math.max(...K);
-  const kb = km;
   const lm = Math.max(...parts.map((p) => p.branchWidth));
-  const b = parts.reduce((s, p) => s + p.branches, 0);
+  const bm = Math.max(...parts.map((p) => p.branches));
   const width = Math.max(...parts.map((p) => p.width));
   const rows = parts.reduce((s, p) => s + p.rows, 0);
   const NEG = Number.NEGATIVE_INFINITY;
@@ -113,19 +124,18 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
   const preRows = new BigInt64Array(n * sm);
   const preKeys = new BigInt64Array(n * km);
   const preBias = new Float32Array(n * sm * km).fill(NEG);
-  const cols = kb + lm;
-  const brRows = new BigInt64Array(b * lm);
-  const brKeys = new BigInt64Array(b * kb);
-  const brBias = new Float32Array(b * lm * cols).fill(NEG);
-  const rowCols = new BigInt64Array(b * lm * cols);
-  const blkCols = new BigInt64Array(b * lm * lm);
-  const prefKeep = new Float32Array(b * kb);
+  const cols = km + lm;
+  const brRows = new BigInt64Array(n * bm * lm);
+  const brBias = new Float32Array(n * bm * lm * cols).fill(NEG);
+  // A place past the row's own keys and block reads the -inf column the graph appends (index `cols`).
+  const rowCols = new BigInt64Array(n * bm * lm * cols).fill(BigInt(cols));
+  const blkCols = new BigInt64Array(n * bm * lm * lm);
+  const prefKeep = new Float32Array(n * km);
   const rowSrc = new BigInt64Array(T);
   const offsets: JoinedPass["offsets"] = [];
 
   let tok = 0;
   let row = 0;
-  let g = 0;
   parts.forEach((p, r) => {
     const pOff = p.past ? (pastAt.get(p.past.data) ?? 0) : 0;
     offsets.push({ token: tok, row, past: pOff });
@@ -138,25 +148,32 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
       for (let c = 0; c < p.width; c++) targetIds[(row + i) * width + c] = p.targetIds[i * p.width + c]!;
     }
     // Its own keys in the pool, in the order they have alone: its past, then its prefix tokens.
-    const own = new BigInt64Array(k);
-    for (let c = 0; c < pastOf[r]!; c++) own[c] = BigInt(pOff + c);
-    for (let i = 0; i < s; i++) own[pastOf[r]! + i] = BigInt(P + tok + i);
+    for (let c = 0; c < pastOf[r]!; c++) preKeys[r * km + c] = BigInt(pOff + c);
+    for (let i = 0; i < s; i++) preKeys[r * km + pastOf[r]! + i] = BigInt(P + tok + i);
+    prefKeep.fill(1, r * km, r * km + k);
     // Prefix rows: causal within its own keys; a pad row sees its first key (finite, discarded).
-    preKeys.set(own, r * km);
     for (let i = 0; i < sm; i++) {
       if (i < s) preRows[r * sm + i] = BigInt(tok + i);
       const seen = i < s ? pastOf[r]! + i + 1 : 1;
       preBias.fill(0, (r * sm + i) * km, (r * sm + i) * km + seen);
     }
     for (let i = 0; i < s; i++) rowSrc[tok + i] = BigInt(r * sm + i);
-    // Branch rows: model.onnx's block layout, per block, with its own keys before it.
+    // Branch rows: model.onnx's block layout, per block, with its own keys before it. A pad branch's
+    // rows (a part with fewer branches than bm) read its first key alone (finite, discarded).
     const Lp = p.branchWidth;
-    for (let bl = 0; bl < p.branches; bl++, g++) {
+    brRows.fill(BigInt(tok), r * bm * lm, (r + 1) * bm * lm);
+    blkCols.fill(BigInt(k + Lp), r * bm * lm * lm, (r + 1) * bm * lm * lm);
+    for (let bl = p.branches; bl < bm; bl++)
+      for (let l = 0; l < lm; l++) {
+        const at = ((r * bm + bl) * lm + l) * cols;
+        brBias[at] = 0;
+        rowCols[at] = 0n;
+      }
+    for (let bl = 0; bl < p.branches; bl++) {
+      const g = r * bm + bl;
       const slots = Array.from({ length: Lp }, (_, l) => Number(p.branchSlots[bl * Lp + l]));
       const valid = slots.map((t, l) => Number(p.slotOf[t - s]) === bl * Lp + l);
       for (let l = 0; l < lm; l++) brRows[g * lm + l] = BigInt(tok + (l < Lp ? slots[l]! : slots[0]!));
-      brKeys.set(own, g * kb);
-      prefKeep.fill(1, g * kb, g * kb + k);
       for (let l = 0; l < lm; l++) {
         const at = (g * lm + l) * cols;
         brBias.fill(0, at, at + k);
@@ -164,11 +181,11 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
           const q = slots[l]!;
           for (let j = 0; j < Lp; j++) {
             const kj = slots[j]!;
-            if (valid[j] && kj <= q && q <= Number(p.subtreeEnd[kj])) brBias[at + kb + j] = 0;
+            if (valid[j] && kj <= q && q <= Number(p.subtreeEnd[kj])) brBias[at + km + j] = 0;
           }
         }
-        for (let c = 0; c < cols; c++) rowCols[at + c] = BigInt(c < k ? c : c < k + Lp ? kb + (c - k) : cols);
-        for (let j = 0; j < lm; j++) blkCols[(g * lm + l) * lm + j] = BigInt(j < Lp ? k + j : k + Lp);
+        for (let c = 0; c < k + Lp; c++) rowCols[at + c] = BigInt(c < k ? c : km + (c - k));
+        for (let j = 0; j < Lp; j++) blkCols[(g * lm + l) * lm + j] = BigInt(k + j);
       }
       for (let l = 0; l < Lp; l++) if (valid[l]) rowSrc[tok + slots[l]!] = BigInt(n * sm + g * lm + l);
     }
@@ -192,7 +209,7 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
       for (let k = 0; k < blocks; k++) past.set(pp.data.subarray(k * pp.tokens * headDim, (k + 1) * pp.tokens * headDim), (k * P + at) * headDim);
     }
   }
-  return { inputIds, positionIds, gatherIdx, targetIds, rows, width, past, pastTokens: P, n, sm, km, preRows, preKeys, preBias, b, lm, kb, brRows, brKeys, brBias, rowCols, blkCols, prefKeep, rowSrc, offsets };
+  return { inputIds, positionIds, gatherIdx, targetIds, rows, width, past, pastTokens: P, n, sm, km, preRows, preKeys, preBias, bm, lm, brRows, brBias, rowCols, blkCols, prefKeep, rowSrc, offsets };
 }
 
 /** Part `r`'s log-probabilities, [its rows, its width], from the batch's [rows, width] output. */

@@ -64,20 +64,21 @@ export function shapeOf(p: PackedTensors, past = 0): PassShape {
  * The shape of passes run as one by the batch graph (src/inference/batch.ts):
  * their tokens, and the query–key pairs that graph computes, which its
  * layout sets: each request's prefix rows against its own keys, padded to the
- * longest ([N, Sm, Km]), and each branch's rows against its request's keys
- * and its own block ([B, Lm, Km + Lm]).
+ * longest ([N, Sm, Km]), and each request's branches (padded to the most
+ * any request has) against its keys and their own blocks ([N, Bm, Lm, Km + Lm]).
  */
 export function batchShape(parts: readonly PassShape[]): PassShape {
   const sm = Math.max(...parts.map((s) => s.prefix));
   const km = Math.max(...parts.map((s) => s.prefix + (s.past ?? 0)));
   const lm = Math.max(...parts.map((s) => s.width));
   const b = parts.reduce((n, s) => n + s.branches, 0);
+  const bm = Math.max(...parts.map((s) => s.branches));
   return {
     ...withPast(
       { tokens: parts.reduce((n, s) => n + s.tokens, 0), prefix: parts.reduce((n, s) => n + s.prefix, 0), branches: b, width: lm },
       parts.reduce((n, s) => n + (s.past ?? 0), 0),
     ),
-    pairs: parts.length * sm * km + b * lm * (km + lm),
+    pairs: parts.length * (sm * km + bm * lm * (km + lm)),
   };
 }
 
@@ -86,8 +87,8 @@ export function batchScores(parts: readonly PassShape[]): number {
   const sm = Math.max(...parts.map((s) => s.prefix));
   const km = Math.max(...parts.map((s) => s.prefix + (s.past ?? 0)));
   const lm = Math.max(...parts.map((s) => s.width));
-  const b = parts.reduce((n, s) => n + s.branches, 0);
-  return Math.max(parts.length * sm * km, b * lm * (km + lm + 1));
+  const bm = Math.max(...parts.map((s) => s.branches));
+  return parts.length * Math.max(sm * km, bm * lm * (km + lm + 1));
 }
 
 /** Query–key pairs the split attention computes for a pass (per head and layer). */

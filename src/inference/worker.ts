@@ -3,7 +3,7 @@ import os from "node:os";
 import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
-import { batchGraphOf, joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
+import { BATCH_LAYOUT, batchGraphOf, joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
 import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
 
 /**
@@ -105,7 +105,16 @@ function unshared(src: Float32Array): Float32Array {
   return view;
 }
 
-const batches = (model: string) => fs.existsSync(batchGraphOf(model));
+/** Whether `model` has a batch graph of the layout joinPasses builds (the build's manifest says which it was written for). */
+function batches(model: string): boolean {
+  if (!fs.existsSync(batchGraphOf(model))) return false;
+  try {
+    const manifest = JSON.parse(fs.readFileSync(path.join(path.dirname(model), "manifest.json"), "utf8")) as { batch_layout?: unknown };
+    return manifest.batch_layout === BATCH_LAYOUT;
+  } catch {
+    return false;
+  }
+}
 
 async function infer(t: InferTask): Promise<TaskResult> {
   const { session: s, provider } = await session(t.model);
@@ -167,12 +176,11 @@ async function inferBatch(t: BatchTask): Promise<TaskResult> {
     pre_rows: i64(j.preRows, [j.n, j.sm]),
     pre_keys: i64(j.preKeys, [j.n, j.km]),
     pre_bias: f32(j.preBias, [j.n, j.sm, j.km]),
-    br_rows: i64(j.brRows, [j.b, j.lm]),
-    br_keys: i64(j.brKeys, [j.b, j.kb]),
-    br_bias: f32(j.brBias, [j.b, j.lm, j.kb + j.lm]),
-    row_cols: i64(j.rowCols, [j.b, j.lm, j.kb + j.lm]),
-    blk_cols: i64(j.blkCols, [j.b, j.lm, j.lm]),
-    pref_keep: f32(j.prefKeep, [j.b, j.kb]),
+    br_rows: i64(j.brRows, [j.n, j.bm, j.lm]),
+    br_bias: f32(j.brBias, [j.n, j.bm, j.lm, j.km + j.lm]),
+    row_cols: i64(j.rowCols, [j.n, j.bm, j.lm, j.km + j.lm]),
+    blk_cols: i64(j.blkCols, [j.n, j.bm, j.lm, j.lm]),
+    pref_keep: f32(j.prefKeep, [j.n, j.km]),
     row_src: i64(j.rowSrc, [T]),
   };
   const keeping = parts.some((p) => p.keep > 0);

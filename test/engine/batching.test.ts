@@ -82,13 +82,15 @@ async function together<T>(lb: LoadedBuild, passes: () => Promise<T>[]): Promise
 
 describe("batching across requests", () => {
   for (const model of ["vendor/judge-9B", "judge-latest"]) {
-    it(`${model}: hits and misses of different requests in one pass read as each alone`, async () => {
+    it(`${model}: hits and misses of different requests, with different numbers of questions, in one pass read as each alone`, async () => {
       const lb = pipeline.build(model);
       const kv = lb.build.manifest.kv!;
       expect(fs.existsSync(batchGraphOf(lb.build.onnxPath))).toBe(true);
       const layout = { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
       const onnx = lb.build.onnxPath;
-      const packs = TICKETS.map((t) => prepare(lb, t, QUESTIONS).packed);
+      // One request asks one question of the two: it has fewer branches than the others (the batch pads it).
+      const packs = TICKETS.map((t, i) => prepare(lb, t, i === 3 ? { refund: QUESTIONS.refund! } : QUESTIONS).packed);
+      expect(packs[3]!.branches).toBeLessThan(packs[0]!.branches);
       const held = (p: PackedRequest) => p.prefixLength - COMPUTED_PREFIX_TOKENS;
 
       // Alone: each pass on its own, and the keys and values of two states as the cache would hold them.

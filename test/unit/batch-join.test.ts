@@ -68,8 +68,10 @@ function batchRows(j: JoinedPass, ps: readonly BatchPart[]): Map<number, Row> {
   for (let n = 0; n < j.n; n++)
     for (let i = 0; i < j.sm; i++)
       byRow.set(n * j.sm + i, Array.from({ length: j.km }, (_, c) => (j.preBias[(n * j.sm + i) * j.km + c] === 0 ? keyName(Number(j.preKeys[n * j.km + c])) : "-")));
-  const cols = j.kb + j.lm;
-  for (let g = 0; g < j.b; g++)
+  // A branch row's own-key places read its request's keys (pre_keys), its block places its block's tokens.
+  const cols = j.km + j.lm;
+  for (let g = 0; g < j.n * j.bm; g++) {
+    const n = Math.floor(g / j.bm);
     for (let l = 0; l < j.lm; l++) {
       const at = (g * j.lm + l) * cols;
       byRow.set(
@@ -77,10 +79,11 @@ function batchRows(j: JoinedPass, ps: readonly BatchPart[]): Map<number, Row> {
         Array.from({ length: cols }, (_, c) => {
           const col = Number(j.rowCols[at + c]);
           if (col === cols || j.brBias[at + col] !== 0) return "-";
-          return col < j.kb ? keyName(Number(j.brKeys[g * j.kb + col])) : keyName(j.pastTokens + Number(j.brRows[g * j.lm + col - j.kb]));
+          return col < j.km ? keyName(Number(j.preKeys[n * j.km + col])) : keyName(j.pastTokens + Number(j.brRows[g * j.lm + col - j.km]));
         }),
       );
     }
+  }
   const out = new Map<number, Row>();
   for (let t = 0; t < j.inputIds.length; t++) out.set(t, byRow.get(Number(j.rowSrc[t]))!);
   return out;
@@ -121,15 +124,38 @@ describe("joinPasses", () => {
   it("sums a branch row's values as model.onnx does: its own keys' part from place 0, its block's part from the block's first place", () => {
     const ps = parts();
     const j = joinPasses(ps, LAYOUT);
-    let g = 0;
-    ps.forEach((p) => {
+    ps.forEach((p, r) => {
       const k = (p.past?.tokens ?? 0) + p.inputIds.length - p.slotOf.length;
-      for (let b = 0; b < p.branches; b++, g++) {
-        expect(Array.from(j.prefKeep.subarray(g * j.kb, (g + 1) * j.kb))).toEqual(Array.from({ length: j.kb }, (_, c) => (c < k ? 1 : 0)));
+      expect(Array.from(j.prefKeep.subarray(r * j.km, (r + 1) * j.km))).toEqual(Array.from({ length: j.km }, (_, c) => (c < k ? 1 : 0)));
+      for (let b = 0; b < p.branches; b++) {
+        const g = r * j.bm + b;
         for (let l = 0; l < j.lm; l++)
           for (let jj = 0; jj < j.lm; jj++) expect(Number(j.blkCols[(g * j.lm + l) * j.lm + jj])).toBe(jj < p.branchWidth ? k + jj : k + p.branchWidth);
       }
     });
+  });
+
+  it("pads a part with fewer branches than the most with branches that read only its first key", () => {
+    const ps = parts();
+    const j = joinPasses(ps, LAYOUT);
+    const cols = j.km + j.lm;
+    ps.forEach((p, r) => {
+      for (let b = p.branches; b < j.bm; b++)
+        for (let l = 0; l < j.lm; l++) {
+          const at = ((r * j.bm + b) * j.lm + l) * cols;
+          const seen = Array.from({ length: cols }, (_, c) => Number(j.rowCols[at + c])).filter((col) => col < cols && j.brBias[at + col] === 0);
+          expect(seen).toEqual([0]);
+          expect(j.brRows[(r * j.bm + b) * j.lm + l]).toBe(BigInt(j.offsets[r]!.token));
+        }
+    });
+    // and no token reads its answer from a pad branch
+    const padRows = new Set<number>();
+    ps.forEach((p, r) => {
+      for (let b = p.branches; b < j.bm; b++) for (let l = 0; l < j.lm; l++) padRows.add(j.n * j.sm + (r * j.bm + b) * j.lm + l);
+    });
+    expect(Array.from(j.rowSrc).some((x) => padRows.has(Number(x)))).toBe(false);
+    expect(j.bm).toBe(Math.max(...ps.map((p) => p.branches)));
+    expect(ps.some((p) => p.branches < j.bm)).toBe(true);
   });
 
   it("reads each part's rows at its own tokens, with its own targets, and hands each its own [rows, width] back", () => {
@@ -199,6 +225,6 @@ describe("joinPasses", () => {
     const j = joinPasses(ps, LAYOUT);
     const shape = batchShape(ps.map((p) => shapeOf(p, p.past?.tokens ?? 0)));
     expect(shape.tokens).toBe(j.inputIds.length);
-    expect(attentionPairs(shape)).toBe(j.n * j.sm * j.km + j.b * j.lm * (j.kb + j.lm));
+    expect(attentionPairs(shape)).toBe(j.n * (j.sm * j.km + j.bm * j.lm * (j.km + j.lm)));
   });
 });
