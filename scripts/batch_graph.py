@@ -154,15 +154,24 @@ def join(passes: list[tuple], past_lens: list[int]):
     n = len(passes)
     ids, pos = [], []
     tok_off, pool_past = [], []
-    P = sum(past_lens)
+    # A past several passes continue (the same tensor memory, as the engine's cached preamble) is in the pool once.
+    first_at: dict[int, int] = {}
+    kept = []
     t = p_off = 0
     for (a, past) in zip(passes, past_lens):
         tok_off.append(t)
-        pool_past.append(p_off)
+        key = a[7].data_ptr() if hasattr(a[7], "data_ptr") else id(a[7])
+        if past > 0 and key in first_at:
+            pool_past.append(first_at[key])
+        else:
+            first_at[key] = p_off
+            pool_past.append(p_off)
+            kept.append(a[7].numpy() if hasattr(a[7], "numpy") else a[7])
+            p_off += past
         ids += a[0].tolist()
         pos += a[1].tolist()
         t += len(a[0])
-        p_off += past
+    P = p_off
     T = t
     S = [len(a[0]) - len(a[6]) for a in passes]
     K = [pl + s for pl, s in zip(past_lens, S)]
@@ -220,7 +229,7 @@ def join(passes: list[tuple], past_lens: list[int]):
         t_ = np.zeros((a[4].shape[0], width), np.int64)
         t_[:, : a[4].shape[1]] = a[4].numpy()
         tgt.append(t_)
-    past = np.concatenate([a[7].numpy() if hasattr(a[7], "numpy") else a[7] for a in passes], axis=3)
+    past = np.concatenate(kept, axis=3)
     feeds = [np.array(ids, np.int64), np.array(pos, np.int64), np.array(gather, np.int64), np.concatenate(tgt), past,
              pre_rows, pre_keys, pre_bias, br_rows, br_bias, row_cols, blk_cols, pref_keep, row_src]
     return feeds, rows, [a[4].shape[1] for a in passes]
