@@ -161,8 +161,11 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
     // Branch rows: model.onnx's block layout, per block, with its own keys before it. A pad branch's
     // rows (a part with fewer branches than bm) read its first key alone (finite, discarded).
     const Lp = p.branchWidth;
+    // A block place past a branch's own reads a place of probability 0: the one after its block in a real
+    // branch (Lp < lm there), the last place of a pad branch's row (which sees only place 0; cols >= 2).
     brRows.fill(BigInt(tok), r * bm * lm, (r + 1) * bm * lm);
-    blkCols.fill(BigInt(k + Lp), r * bm * lm * lm, (r + 1) * bm * lm * lm);
+    blkCols.fill(BigInt(k + Lp), r * bm * lm * lm, (r * bm + p.branches) * lm * lm);
+    blkCols.fill(BigInt(cols - 1), (r * bm + p.branches) * lm * lm, (r + 1) * bm * lm * lm);
     for (let bl = p.branches; bl < bm; bl++)
       for (let l = 0; l < lm; l++) {
         const at = ((r * bm + bl) * lm + l) * cols;

@@ -220,6 +220,22 @@ describe("joinPasses", () => {
     expect(kept.data[LAYOUT.headDim * 3]).toBe((j.pastTokens + j.offsets[3]!.token) * LAYOUT.headDim);
   });
 
+  it("reads every place in range when the part with the fewest branches has the most keys and the widest block", () => {
+    // The first part: the longest state, one question with a long label (the widest block); the second: three short ones.
+    const wide = { ...pack([1, 2, 3, 4, 5, 6, 7, 8], [q([9], [[10, 11, 12, 13]])]), keep: 0 };
+    const many = { ...pack([20], [q([21], [[22]]), q([23], [[24]]), q([25], [[26]])]), keep: 0 };
+    const j = joinPasses([wide, many], LAYOUT);
+    const cols = j.km + j.lm;
+    expect(wide.branchWidth).toBe(j.lm);
+    expect(wide.branches).toBeLessThan(j.bm);
+    // GatherElements refuses an index past the row: the score row has cols + 1 places (the -inf one), p has cols.
+    expect(Math.max(...Array.from(j.rowCols, Number))).toBeLessThanOrEqual(cols);
+    expect(Math.max(...Array.from(j.blkCols, Number))).toBeLessThan(cols);
+    // and every place a block column reads beyond its branch's own block has probability 0 (a -inf place or a pad row's)
+    const rows = batchRows(j, [wide, many]);
+    for (const [i, alone] of aloneRows(wide, 0)) expect(rows.get(i)!.slice(0, alone.length)).toEqual(alone);
+  });
+
   it("charges the cost model the pairs the batch graph computes", () => {
     const ps = parts();
     const j = joinPasses(ps, LAYOUT);
