@@ -88,9 +88,17 @@ describe("batching across requests", () => {
       expect(fs.existsSync(batchGraphOf(lb.build.onnxPath))).toBe(true);
       const layout = { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
       const onnx = lb.build.onnxPath;
-      // One request asks one question of the two: it has fewer branches than the others (the batch pads it).
-      const packs = TICKETS.map((t, i) => prepare(lb, t, i === 3 ? { refund: QUESTIONS.refund! } : QUESTIONS).packed);
-      expect(packs[3]!.branches).toBeLessThan(packs[0]!.branches);
+      // The request with the longest state asks only the wider question: it has the most keys and the widest
+      // block but fewer branches than the others, so the batch pads it with branches at the edge of the layout.
+      const both = TICKETS.map((t) => prepare(lb, t, QUESTIONS).packed);
+      const alone1 = TICKETS.map((t) => prepare(lb, t, { topic: QUESTIONS.topic! }).packed);
+      const longest = alone1.findIndex((p, i) => both.every((b, k) => k === i || p.prefixLength >= b.prefixLength));
+      expect(longest).toBeGreaterThanOrEqual(0);
+      const packs = both.map((p, i) => (i === longest ? alone1[i]! : p));
+      const one = packs[longest]!;
+      expect(one.branches).toBeLessThan(Math.max(...packs.map((p) => p.branches)));
+      expect(one.branchWidth).toBe(Math.max(...packs.map((p) => p.branchWidth)));
+      expect(one.prefixLength).toBe(Math.max(...packs.map((p) => p.prefixLength)));
       const held = (p: PackedRequest) => p.prefixLength - COMPUTED_PREFIX_TOKENS;
 
       // Alone: each pass on its own, and the keys and values of two states as the cache would hold them.
