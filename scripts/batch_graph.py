@@ -203,8 +203,7 @@ def join(passes: list[tuple], past_lens: list[int]):
         br_rows[r] = tok_off[r]
         br_bias[r, :, :, 0] = 0  # a pad row sees the request's first key (finite, discarded)
         row_cols[r, :, :, 0] = 0
-        blk_cols[r, :Bp] = K[r] + Lp  # a place of probability 0 after a real block (Lp < Lm where it is read)
-        blk_cols[r, Bp:] = W - 1  # a pad branch's row sees only place 0
+        blk_cols[r, Bp:] = W - 1  # a pad branch's row sees only place 0 (a real branch's are set below)
         for b in range(Bp):
             sl = slots[b]
             valid = slot_of[sl - S[r]] == np.arange(b * Lp, (b + 1) * Lp)

@@ -158,11 +158,11 @@ export function joinPasses(parts: readonly BatchPart[], layout: KvLayout | null,
       preBias.fill(0, (r * sm + i) * km, (r * sm + i) * km + seen);
     }
     for (let i = 0; i < s; i++) rowSrc[tok + i] = BigInt(r * sm + i);
-    // Branch rows: model.onnx's block layout, per block, with its own keys before it. A pad branch's
-    // rows (a part with fewer branches than bm) read its first key alone (finite, discarded).
+    // Branch rows: model.onnx's block layout, per block, with its own keys before it. A pad branch's rows
+    // (a part with fewer branches than bm) read its first key alone (finite, discarded). A block place past
+    // a branch's own reads a place of probability 0: the one after its block in a real branch (Lp < lm
+    // there), the last place of a pad branch's row (which sees only place 0; cols >= 2).
     const Lp = p.branchWidth;
-    // A block place past a branch's own reads a place of probability 0: the one after its block in a real
-    // branch (Lp < lm there), the last place of a pad branch's row (which sees only place 0; cols >= 2).
     brRows.fill(BigInt(tok), r * bm * lm, (r + 1) * bm * lm);
     blkCols.fill(BigInt(k + Lp), r * bm * lm * lm, (r * bm + p.branches) * lm * lm);
     blkCols.fill(BigInt(cols - 1), (r * bm + p.branches) * lm * lm, (r + 1) * bm * lm * lm);

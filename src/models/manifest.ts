@@ -68,6 +68,11 @@ export const Manifest = z.object({
   source: z.record(z.string(), z.unknown()),
   build_hash: z.string(),
   calibration: CalibrationFit.nullable(),
+  /**
+   * The input layout of the build's batch graphs (scripts/batch_graph.py stamps it once they are written);
+   * the worker batches only through graphs of the layout src/inference/batch.ts builds (BATCH_LAYOUT).
+   */
+  batch_layout: z.number().int().positive().optional(),
 });
 export type Manifest = z.infer<typeof Manifest>;
 
