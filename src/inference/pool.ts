@@ -791,8 +791,9 @@ export class InferencePool {
     // A long pass that has overrun its estimate (slowed by the express worker beside it, say) still has
     // a way to go: its rest is taken as at least a quarter of its estimate, not as nothing.
     const rest = Math.max(lane.running.cost - (now - lane.runningSince), 0.25 * lane.running.cost);
-    const busyOrg = lane.running.org;
-    const fits = (j: Job) => j.task.kind === "infer" && j.org !== busyOrg && j.cost <= this.expressLimit(j.task.model) && 2 * j.cost <= rest;
+    // Every organization with a pass in the running one holds the main worker: a batch holds several.
+    const busy = new Set((lane.running.members ?? [lane.running]).map((m) => m.org));
+    const fits = (j: Job) => j.task.kind === "infer" && !busy.has(j.org) && j.cost <= this.expressLimit(j.task.model) && 2 * j.cost <= rest;
     const job = lane.queue.shiftFirst((j) => fits(j) && x.ready.has(j.task.model));
     if (job) {
       metrics.queueDepth.dec();
