@@ -261,8 +261,9 @@ def probe(tok, vocab: int, manifest: dict, first_pass):
     return passes, feeds, rows, widths
 
 
-def write_base(build: Path, gguf: Path, manifest: dict, tok, t0: float) -> int:
-    """model.batch.onnx from the GGUF, checked in float32 against the packed decoder and in int8 against model.onnx."""
+def build_base(build: Path, gguf: Path, manifest: dict, tok, t0: float):
+    """model.onnx's batch twin from the GGUF, checked in float32 against the packed decoder: the int8 graph
+    (not yet written) and the probe batch, or None where the float32 check fails."""
     from transformers import AutoModelForCausalLM
 
     log(f"reading weights from {gguf.name} ... ")
@@ -281,7 +282,7 @@ def write_base(build: Path, gguf: Path, manifest: dict, tok, t0: float) -> int:
     log(f"float32, three passes in one run vs each alone: max |dlogprob| = {fdiff:.2e}")
     if fdiff > 1e-4:
         log("the batch graph disagrees with the packed decoder")
-        return 3
+        return None
 
     fp32_dir = build / "batch-fp32"
     shutil.rmtree(fp32_dir, ignore_errors=True)
@@ -307,9 +308,8 @@ def write_base(build: Path, gguf: Path, manifest: dict, tok, t0: float) -> int:
     g = onnx.load(str(fp32_dir / "model.onnx"), load_external_data=True)
     g, n = rewrite(g)
     log(f"  {n} MatMuls rewritten as in model.onnx ... {time.time() - t0:.0f}s")
-    ok = save_checked(g, build, FILE, "model.onnx", (passes, feeds, rows, widths))
     shutil.rmtree(fp32_dir)
-    return 0 if ok else 3
+    return g, (passes, feeds, rows, widths)
 
 
 def save_checked(g, build: Path, name: str, alone: str, probe_batch) -> bool:
@@ -333,8 +333,11 @@ def save_checked(g, build: Path, name: str, alone: str, probe_batch) -> bool:
     return True
 
 
-def write_variants(build: Path, manifest: dict, tok, cpu_only: bool) -> int:
-    """The batch twin of each other graph of the build (int8_graphs.py: model.<v>.onnx → model.<v>.batch.onnx), the same rewrite."""
+def write_twins(build: Path, gguf: Path, manifest: dict, tok, graphs: list[str], t0: float) -> int:
+    """The batch twin of each graph in `graphs` (model.onnx → model.batch.onnx, model.<v>.onnx →
+    model.<v>.batch.onnx: int8_graphs.py's rewrite of model.onnx's twin), each checked against its graph.
+    model.onnx's twin comes from the GGUF; written only when asked for or when another twin is made from it
+    on disk (one twin alone, say u8 x u8 on a CPU without VNNI, is rewritten from it in memory)."""
     import logging
 
     import onnx
@@ -342,15 +345,22 @@ def write_variants(build: Path, manifest: dict, tok, cpu_only: bool) -> int:
 
     logging.disable(logging.INFO)
     vocab = int(manifest["vocab_size"])
-    for variant, file in VARIANTS.items():
+    variant_of = {file: v for v, file in VARIANTS.items()}
+    todo = [f for f in graphs if (build / f).exists() and not (build / f.replace(".onnx", ".batch.onnx")).exists()]
+    variants = [f for f in todo if f in variant_of]
+    base = None
+    if not (build / FILE).exists() and todo:
+        base = build_base(build, gguf, manifest, tok, t0)
+        if base is None:
+            return 3
+        if "model.onnx" in todo or len(variants) > 1:
+            if not save_checked(base[0], build, FILE, "model.onnx", base[1]):
+                return 3
+            base = None
+    for file in variants:
         twin = file.replace(".onnx", ".batch.onnx")
-        if not (build / file).exists() or (build / twin).exists():
-            continue
-        if variant == "s8s8" and cpu_only:
-            # No CUDA here to check it on; written where the s8s8 graph is used, on a GPU server.
-            continue
-        g = onnx.load(str(build / FILE), load_external_data=True)
-        n = REWRITES[variant](g)
+        g = base[0] if base is not None else onnx.load(str(build / FILE), load_external_data=True)
+        n = REWRITES[variant_of[file]](g)
         log(f"{twin}: {n} MatMulInteger nodes rewritten as in {file}")
         passes, feeds, rows, widths = probe(tok, vocab, manifest, lambda ex: sess_run(build / file, INPUTS, ex, ("logprobs", "present_kv"))[1])
         if not save_checked(g, build, twin, file, (passes, feeds, rows, widths)):
@@ -362,6 +372,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True, type=Path, help="an exported build's folder (model.onnx, manifest.json)")
     ap.add_argument("--gguf", required=True, type=Path)
+    ap.add_argument("--graphs", nargs="+", metavar="FILE",
+                    help="the graphs whose batch twins to write (the ones this machine serves; bootstrap passes "
+                         "them); default: every graph of the build, less s8 x s8 where no CUDA can check it")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -376,13 +389,15 @@ def main() -> int:
         # Graphs of an earlier layout take other inputs: written again from the weights.
         for stale in build.glob("*.batch.onnx*"):
             stale.unlink()
-    if not (build / FILE).exists():
-        rc = write_base(build, args.gguf, manifest, tok, t0)
-        if rc:
-            return rc
-    import onnxruntime as ort
+    graphs = args.graphs
+    if graphs is None:
+        import onnxruntime as ort
+        from int8_graphs import VARIANTS
 
-    rc = write_variants(build, manifest, tok, cpu_only="CUDAExecutionProvider" not in ort.get_available_providers())
+        # No CUDA here to check an s8 x s8 twin on; written where that graph is used, on a GPU server.
+        cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+        graphs = ["model.onnx", *(f for v, f in VARIANTS.items() if v != "s8s8" or cuda)]
+    rc = write_twins(build, args.gguf, manifest, tok, graphs, t0)
     if rc == 0 and manifest.get("batch_layout") != LAYOUT:
         manifest["batch_layout"] = LAYOUT
         tmp = build / "manifest.json.partial"

@@ -9,7 +9,7 @@ import { spawnSync } from "node:child_process";
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const CACHE = process.env.ASSAY_CACHE_DIR ?? path.join(ROOT, ".cache");
@@ -206,9 +206,24 @@ function ensureModels() {
   }
 }
 
+/**
+ * The W8A8 graph a CPU lane serves here, as the engine picks it (src/models/int8.ts, from dist/: bootstrap
+ * builds it first): the batch twin of that graph alone is written, the other one's would never run here.
+ * A CUDA server's lanes run alone and fall back to a CPU graph: both CPU graphs' twins.
+ */
+async function servedGraphs() {
+  const all = ["model.onnx", "model.u8u8.onnx"];
+  const built = path.join(ROOT, "dist", "src", "models", "int8.js");
+  if (process.env.ASSAY_EXECUTION_PROVIDER === "cuda" || !fs.existsSync(built)) return all;
+  const { int8Products, INT8_GRAPH } = await import(pathToFileURL(built).href);
+  const file = INT8_GRAPH[int8Products(process.env.ASSAY_INT8_PRODUCTS ?? "auto", "cpu").use];
+  return all.includes(file) ? [file] : all;
+}
+
 // A W8A8 build's batch graph (scripts/batch_graph.py): the passes of several requests in one run, each
 // read bit for bit as model.onnx reads it alone. From the same GGUF, so only for builds made from a recipe.
-function ensureBatchGraphs() {
+async function ensureBatchGraphs() {
+  const graphs = await servedGraphs();
   const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
   const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
   for (const [name, build] of Object.entries(registry.builds)) {
@@ -216,15 +231,14 @@ function ensureBatchGraphs() {
     const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
     const manifest = path.join(dir, "manifest.json");
     const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
-    // model.onnx's twin, and the twin of each other graph the build has on this machine (u8 x u8 on every CPU).
-    const twins = ["model.onnx", "model.u8u8.onnx"].filter((f) => fs.existsSync(path.join(dir, f))).map((f) => f.replace(/\.onnx$/, ".batch.onnx"));
+    const twins = graphs.filter((f) => fs.existsSync(path.join(dir, f))).map((f) => f.replace(/\.onnx$/, ".batch.onnx"));
     if (!fs.existsSync(manifest) || !fs.existsSync(gguf)) continue;
     const facts = JSON.parse(fs.readFileSync(manifest, "utf8"));
     if (facts.quantization?.op !== "MatMulInteger") continue;
     // A batch graph of an earlier input layout (src/inference/batch.ts BATCH_LAYOUT) is written again.
     if (facts.batch_layout === BATCH_LAYOUT && twins.every((f) => fs.existsSync(path.join(dir, f)))) continue;
     say(`model "${name}": writing its batch graph (first run only, a few minutes) ...`);
-    run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf], {
+    run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf, "--graphs", ...graphs], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
     });
   }
@@ -236,5 +250,5 @@ ensureOnnxruntimeProviders();
 if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {
   ensureModels();
-  ensureBatchGraphs();
+  await ensureBatchGraphs();
 }
