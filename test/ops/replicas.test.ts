@@ -14,6 +14,7 @@ import { Redis } from "ioredis";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgAccountsStore } from "../../src/accounts/postgres.js";
+import { smallDeployment } from "../reliability/harness.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
@@ -23,6 +24,7 @@ const REDIS_URL = process.env.ASSAY_TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
 const RUN = `${Date.now().toString(36)}_${crypto.randomBytes(3).toString("hex")}`;
 const SCHEMA = `assay_ops_${RUN}`;
 const PREFIX = `assay-ops-test:${RUN}:`;
+const SMALL = smallDeployment();
 
 let replicas: ServerProcess[] = [];
 const dirs: string[] = [];
@@ -35,6 +37,7 @@ beforeAll(async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), `assay-replica-${n}-`));
     dirs.push(dir);
     return {
+      ...SMALL,
       ASSAY_DATA_DIR: dir,
       ASSAY_DATABASE_URL: PG_URL,
       ASSAY_DATABASE_SCHEMA: SCHEMA,

@@ -10,6 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
+import { smallDeployment } from "../reliability/harness.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
@@ -28,7 +29,7 @@ afterEach(async () => {
 
 async function boot(env: Record<string, string> = {}) {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-shutdown-"));
-  server = await startServer({ ASSAY_DATA_DIR: dir, ASSAY_TEST_FAULTS: "1", ...env });
+  server = await startServer({ ...smallDeployment(), ASSAY_DATA_DIR: dir, ASSAY_TEST_FAULTS: "1", ...env });
   await server.waitForLog(/default model ready/);
   const key = fs.readFileSync(path.join(dir, "local-api-key"), "utf8").trim();
   return { s: server, key };

@@ -39,12 +39,14 @@ import {
   score,
   sleep,
   smallBody,
+  smallDeployment,
   until,
 } from "./harness.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("judge-latest", "general");
 const PREFIX = `assay-reliability:${RUN}:`;
+const SMALL = smallDeployment();
 const schemas: string[] = [];
 const servers: ServerProcess[] = [];
 const keys: string[] = [];
@@ -58,7 +60,7 @@ const newSchema = (what: string) => {
 };
 
 async function start(env: Record<string, string>): Promise<ServerProcess> {
-  const s = await ServerProcess.start(env);
+  const s = await ServerProcess.start({ ...SMALL, ...env });
   servers.push(s);
   return s;
 }

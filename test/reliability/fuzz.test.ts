@@ -33,7 +33,7 @@ import { loadConfig } from "../../src/config/index.js";
 import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import { TEXT_BOMB_ZSTD, compress, zstdZeros } from "../http/compressed.js";
-import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, until } from "./harness.js";
+import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, smallDeployment, until } from "./harness.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;
@@ -48,7 +48,7 @@ const sentKeys = new Set<string>();
 
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-reliability-fuzz-"));
-  const env = { ...process.env, ...BASE_ENV, ASSAY_DATA_DIR: dir };
+  const env = { ...process.env, ...BASE_ENV, ...smallDeployment(), ASSAY_DATA_DIR: dir };
   const config = loadConfig(env);
   engine = await EnginePipeline.create(config);
   accounts = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
@@ -397,7 +397,7 @@ describe("a body over 1 MiB, over a real socket", () => {
     const store = new SqliteAccountsStore(serverDir, { startingGrantMicro: 1_000_000 });
     serverKey = store.createKey("big").key;
     store.close();
-    server = await ServerProcess.start({ ASSAY_DATA_DIR: serverDir });
+    server = await ServerProcess.start({ ...smallDeployment(), ASSAY_DATA_DIR: serverDir });
   });
 
   afterAll(async () => {

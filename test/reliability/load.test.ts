@@ -22,7 +22,7 @@ import { chargeFor } from "../../src/accounts/money.js";
 import { loadPrices } from "../../src/accounts/prices.js";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { ROOT } from "../../src/config/index.js";
-import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody } from "./harness.js";
+import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody, smallDeployment } from "./harness.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 const LIMIT = 4;
@@ -42,7 +42,7 @@ beforeAll(async () => {
   const store = new SqliteAccountsStore(dir, { startingGrantMicro: 1_000_000 });
   ({ key, org: { id: orgId } } = store.createKey("load"));
   store.close();
-  server = await ServerProcess.start({ ASSAY_DATA_DIR: dir, ASSAY_CONCURRENCY_BEFORE_PURCHASE: String(LIMIT), ASSAY_PREFIX_CACHE_MB: String(CACHE_MB) });
+  server = await ServerProcess.start({ ...smallDeployment(), ASSAY_DATA_DIR: dir, ASSAY_CONCURRENCY_BEFORE_PURCHASE: String(LIMIT), ASSAY_PREFIX_CACHE_MB: String(CACHE_MB) });
 });
 
 afterAll(async () => {

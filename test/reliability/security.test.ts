@@ -27,7 +27,7 @@ import { PgAccountsStore } from "../../src/accounts/postgres.js";
 import { DB_FILE, SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { runCli } from "../../src/cli/index.js";
 import { ROOT } from "../../src/config/index.js";
-import { PG_URL, RUN, ServerProcess, call, expectNoSecrets, score, smallBody } from "./harness.js";
+import { PG_URL, RUN, ServerProcess, call, expectNoSecrets, score, smallBody, smallDeployment } from "./harness.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;
@@ -50,7 +50,7 @@ beforeAll(async () => {
   K.poor = { key: c.key, keyId: c.keyId, orgId: c.org.id };
   broke.close();
   for (const k of Object.values(K)) sent.add(k.key);
-  server = await ServerProcess.start({ ASSAY_DATA_DIR: dir });
+  server = await ServerProcess.start({ ...smallDeployment(), ASSAY_DATA_DIR: dir });
 });
 
 afterAll(async () => {
