@@ -13,6 +13,7 @@ import { StartingPipeline } from "../../src/http/starting.js";
 import { metrics } from "../../src/observability/metrics.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
+import { smallDeployment } from "../reliability/harness.js";
 import { body, makeOpsApp, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
@@ -25,7 +26,7 @@ const stall = () => {
 };
 
 beforeAll(async () => {
-  engine = await startFaultyEngine(); // ASSAY_QUEUE_MAX=1: one running + one waiting per lane
+  engine = await startFaultyEngine(smallDeployment()); // ASSAY_QUEUE_MAX=1: one running + one waiting per lane
 });
 afterAll(async () => {
   await engine?.close();

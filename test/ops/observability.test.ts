@@ -8,6 +8,7 @@ import { Writable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createLogger } from "../../src/observability/logger.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
+import { smallDeployment } from "../reliability/harness.js";
 import { body, makeOpsApp, sample, startFaultyEngine, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
@@ -15,7 +16,7 @@ let t: OpsApp;
 const lines: string[] = [];
 
 beforeAll(async () => {
-  engine = await startFaultyEngine();
+  engine = await startFaultyEngine(smallDeployment());
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
       lines.push(...chunk.toString("utf8").split("\n").filter((l) => l.length > 0));
