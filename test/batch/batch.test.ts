@@ -21,6 +21,7 @@ import { loadConfig } from "../../src/config/index.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Answer, RequestEnvelope, SystemOneResponse } from "../../src/validate/schema.js";
 import { startEngine } from "../engine/engine.js";
+import { smallDeployment } from "../engine/engine.js";
 
 const TOL = 0.005;
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-batch-"));
@@ -92,7 +93,8 @@ function counting(inner: Scorer): Scorer & { calls: number; questions: number } 
 }
 
 beforeAll(async () => {
-  engine = await startEngine();
+  // The CLI around the engine is what this proves: the small build reads every name here.
+  engine = await startEngine(smallDeployment());
   scorer = new EngineScorer(engine, loadConfig({ ...process.env, LOG_LEVEL: "silent" }), false);
   fs.writeFileSync(IN, `${LINES.join("\n")}\n`);
 });

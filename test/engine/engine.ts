@@ -50,3 +50,27 @@ export function scheduledLargeConfig(small = "qwen2.5-coder-0.5b", large = "qwen
   fs.writeFileSync(out, JSON.stringify(file, null, 2));
   return out;
 }
+
+/**
+ * A deployment whose every name reads with the small build (the shipped models/models.json with the large
+ * build left out): for the tests of what the server does around the model (faults, shutdown, replicas,
+ * load, security, fuzz), where a pass's length only sets how long they take. Each server of such a test
+ * loads one build (the shipped config loads both, and the large one twice: main and express worker) and
+ * runs its passes about three times faster on 2 cores. The tests of admission, overload, the express
+ * worker and conformance run the shipped config: the large build's pass lengths are what they are about.
+ */
+export function smallDeployment(): Record<string, string> {
+  const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as {
+    builds: Record<string, unknown>;
+    models: Record<string, { build?: string; escalate_to?: string }>;
+  };
+  file.builds = { [SMALL_BUILD]: file.builds[SMALL_BUILD] };
+  for (const m of Object.values(file.models)) {
+    if (m.build) m.build = SMALL_BUILD;
+    delete m.escalate_to;
+  }
+  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-small-")), "models.json");
+  fs.writeFileSync(out, JSON.stringify(file, null, 2));
+  return { ASSAY_MODELS_CONFIG: out };
+}
+const SMALL_BUILD = "qwen2.5-coder-0.5b";

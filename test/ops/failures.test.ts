@@ -13,7 +13,7 @@ import { StartingPipeline } from "../../src/http/starting.js";
 import { metrics } from "../../src/observability/metrics.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
-import { smallDeployment } from "../reliability/harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { body, makeOpsApp, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;

@@ -8,7 +8,7 @@ import { Writable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createLogger } from "../../src/observability/logger.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
-import { smallDeployment } from "../reliability/harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { body, makeOpsApp, sample, startFaultyEngine, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;

@@ -14,7 +14,7 @@ import { Redis } from "ioredis";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgAccountsStore } from "../../src/accounts/postgres.js";
-import { smallDeployment } from "../reliability/harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
 import { detailMessage } from "../../src/errors/catalogue.js";

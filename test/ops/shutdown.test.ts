@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
-import { smallDeployment } from "../reliability/harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { body, until } from "./helpers.js";
 import { startServer, type ServerProcess } from "./server-process.js";
 import { detailMessage } from "../../src/errors/catalogue.js";

@@ -39,9 +39,9 @@ import {
   score,
   sleep,
   smallBody,
-  smallDeployment,
   until,
 } from "./harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 const PRICE = loadPrices(path.join(ROOT, "models", "prices.json")).priceFor("judge-latest", "general");

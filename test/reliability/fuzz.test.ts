@@ -33,7 +33,8 @@ import { loadConfig } from "../../src/config/index.js";
 import { createLogger } from "../../src/observability/logger.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import { TEXT_BOMB_ZSTD, compress, zstdZeros } from "../http/compressed.js";
-import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, smallDeployment, until } from "./harness.js";
+import { BASE_ENV, FIGURES, FORM, ServerProcess, expectNoSecrets, recordFigures, smallBody, until } from "./harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;

@@ -11,7 +11,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import crypto from "node:crypto";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { expect } from "vitest";
 import { ROOT } from "../../src/config/index.js";
@@ -32,30 +31,6 @@ export const FIGURES = {
   /** Bytes streamed in the oversized-body test. */
   oversizedBytes: (FULL ? 256 : 64) * 1024 * 1024,
 } as const;
-
-/**
- * A deployment whose every name reads with the small build (the shipped models/models.json with the large
- * build left out): for the tests of what the server does around the model (faults, shutdown, replicas,
- * load, security, fuzz), where a pass's length only sets how long they take. Each server of such a test
- * loads one build (the shipped config loads both, and the large one twice: main and express worker) and
- * runs its passes about three times faster on 2 cores. The tests of admission, overload, the express
- * worker and conformance run the shipped config: the large build's pass lengths are what they are about.
- */
-export function smallDeployment(): Record<string, string> {
-  const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as {
-    builds: Record<string, unknown>;
-    models: Record<string, { build?: string; escalate_to?: string }>;
-  };
-  file.builds = { [SMALL_BUILD]: file.builds[SMALL_BUILD] };
-  for (const m of Object.values(file.models)) {
-    if (m.build) m.build = SMALL_BUILD;
-    delete m.escalate_to;
-  }
-  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-small-")), "models.json");
-  fs.writeFileSync(out, JSON.stringify(file, null, 2));
-  return { ASSAY_MODELS_CONFIG: out };
-}
-const SMALL_BUILD = "qwen2.5-coder-0.5b";
 
 /** Environment every test server gets: no model schedule, verbose logs (more to search for secrets). */
 export const BASE_ENV: Record<string, string> = {

@@ -22,7 +22,8 @@ import { chargeFor } from "../../src/accounts/money.js";
 import { loadPrices } from "../../src/accounts/prices.js";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { ROOT } from "../../src/config/index.js";
-import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody, smallDeployment } from "./harness.js";
+import { FIGURES, FORM, ServerProcess, call, expectNoSecrets, percentile, recordFigures, sample, score, sleep, smallBody } from "./harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 const LIMIT = 4;

@@ -27,7 +27,8 @@ import { PgAccountsStore } from "../../src/accounts/postgres.js";
 import { DB_FILE, SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { runCli } from "../../src/cli/index.js";
 import { ROOT } from "../../src/config/index.js";
-import { PG_URL, RUN, ServerProcess, call, expectNoSecrets, score, smallBody, smallDeployment } from "./harness.js";
+import { PG_URL, RUN, ServerProcess, call, expectNoSecrets, score, smallBody } from "./harness.js";
+import { smallDeployment } from "../engine/engine.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 let dir: string;
