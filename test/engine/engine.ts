@@ -37,40 +37,46 @@ export async function ask(
  * names on a schedule). The shipped config keeps the large build loaded,
  * since `judge-latest` reads with it.
  */
-export function scheduledLargeConfig(small = "qwen2.5-coder-0.5b", large = "qwen2.5-coder-1.5b", opts: { generalOnLarge?: string } = {}): string {
-  const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as {
-    builds: Record<string, { availability?: string }>;
-    models: Record<string, { family?: string; build?: string }>;
-  };
-  file.builds[large]!.availability = "scheduled";
-  for (const m of Object.values(file.models)) if (m.family === "general" && m.build === large) m.build = small;
-  // A general name left on the scheduled build: how a deployment that loads its large judge on demand looks.
-  if (opts.generalOnLarge) file.models[opts.generalOnLarge] = { family: "general", build: large };
-  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-models-")), "models.json");
-  fs.writeFileSync(out, JSON.stringify(file, null, 2));
-  return out;
+export function scheduledLargeConfig(small = SMALL_BUILD, large = "qwen2.5-coder-1.5b", opts: { generalOnLarge?: string } = {}): string {
+  return shippedConfigWith((file) => {
+    file.builds[large]!.availability = "scheduled";
+    for (const m of Object.values(file.models)) if (m.family === "general" && m.build === large) m.build = small;
+    // A general name left on the scheduled build: how a deployment that loads its large judge on demand looks.
+    if (opts.generalOnLarge) file.models[opts.generalOnLarge] = { family: "general", build: large };
+  });
 }
 
 /**
  * A deployment whose every name reads with the small build (the shipped models/models.json with the large
- * build left out): for the tests of what the server does around the model (faults, shutdown, replicas,
- * load, security, fuzz), where a pass's length only sets how long they take. Each server of such a test
- * loads one build (the shipped config loads both, and the large one twice: main and express worker) and
- * runs its passes about three times faster on 2 cores. The tests of admission, overload, the express
- * worker and conformance run the shipped config: the large build's pass lengths are what they are about.
+ * build left out): for the tests of what surrounds the model (test/README.md lists them), where a pass's
+ * length only sets how long they take. Each server or engine of such a test loads one build (the shipped
+ * config loads both, and the large one twice in a server: main and express worker) and runs its passes
+ * about three times faster on 2 cores.
  */
 export function smallDeployment(): Record<string, string> {
-  const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as {
-    builds: Record<string, unknown>;
-    models: Record<string, { build?: string; escalate_to?: string }>;
+  return {
+    ASSAY_MODELS_CONFIG: shippedConfigWith((file) => {
+      file.builds = { [SMALL_BUILD]: file.builds[SMALL_BUILD]! };
+      for (const m of Object.values(file.models)) {
+        if (m.build) m.build = SMALL_BUILD;
+        delete m.escalate_to;
+      }
+    }),
   };
-  file.builds = { [SMALL_BUILD]: file.builds[SMALL_BUILD] };
-  for (const m of Object.values(file.models)) {
-    if (m.build) m.build = SMALL_BUILD;
-    delete m.escalate_to;
-  }
-  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-small-")), "models.json");
-  fs.writeFileSync(out, JSON.stringify(file, null, 2));
-  return { ASSAY_MODELS_CONFIG: out };
 }
+
 const SMALL_BUILD = "qwen2.5-coder-0.5b";
+
+interface ModelsFile {
+  builds: Record<string, { availability?: string }>;
+  models: Record<string, { family?: string; build?: string; escalate_to?: string }>;
+}
+
+/** The shipped models/models.json as `edit` leaves it, written to a temp file: its path. */
+function shippedConfigWith(edit: (file: ModelsFile) => void): string {
+  const file = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "models.json"), "utf8")) as ModelsFile;
+  edit(file);
+  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-models-")), "models.json");
+  fs.writeFileSync(out, JSON.stringify(file, null, 2));
+  return out;
+}
