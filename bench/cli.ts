@@ -20,6 +20,7 @@ import { PASS_MEMORY_CASES, passMemoryScenario, passMemorySide } from "./pass-me
 import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
+import { gpuPasses } from "./gpu-passes.js";
 import { codesearchScenario } from "./codesearch.js";
 import { concurrencyScenario } from "./concurrency.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
@@ -300,6 +301,14 @@ program
   .option("--mb <n>", "ASSAY_PASS_ATTENTION_MB of the bounded side", int("--mb"), 256)
   .action(async (o: { cases: string; mb: number }) => {
     await passMemoryScenario({ cases: o.cases.split(",").map((x) => x.trim()), mb: o.mb }, command());
+  });
+
+program
+  .command("gpu-passes")
+  .description("write bench/gpu-check-passes.json: the packed passes the device check (bench/gpu-check.sh) replays on a GPU")
+  .option("--build <dir>", "build folder whose tokenizer packs them", "models/cache/qwen2.5-coder-0.5b-instruct")
+  .action(async (o: { build: string }) => {
+    await gpuPasses(o.build);
   });
 
 program

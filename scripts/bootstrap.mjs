@@ -244,6 +244,38 @@ async function ensureBatchGraphs() {
   }
 }
 
+// A build's GPU graph (scripts/gpu_graph.py): float products in plain MatMuls, which a GPU provider runs on the
+// device (the W8A8 graphs' int8 products have no WebGPU kernels). Every used build's where a GPU provider is
+// configured; `--gpu-graph NAME` adds one build's (npm test: the 0.5B's, for the WebGPU tests on llvmpipe).
+const GPU_FORMAT = "assay-gpu-v1";
+
+function ensureGpuGraphs() {
+  const gpu = ["cuda", "webgpu"].includes(process.env.ASSAY_EXECUTION_PROVIDER ?? "");
+  const argv = process.argv.slice(2);
+  const named = new Set(argv.flatMap((a, i) => (argv[i - 1] === "--gpu-graph" ? [a] : [])));
+  if (!gpu && named.size === 0) return;
+  // The tests run the WebGPU provider on Mesa's llvmpipe where the machine has no GPU: installed here
+  // where it can be (scripts/mesa-vulkan.sh); where it cannot, the WebGPU tests fail and say why.
+  if (named.size > 0 && process.platform === "linux") spawnSync("bash", [path.join(ROOT, "scripts", "mesa-vulkan.sh")], { stdio: "inherit" });
+  const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
+  const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
+  for (const [name, build] of Object.entries(registry.builds)) {
+    if (!(named.has(name) || (gpu && (used.has(name) || args.has("--all-models")))) || !build.recipe) continue;
+    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+    const manifest = path.join(dir, "manifest.json");
+    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
+    if (!fs.existsSync(manifest) || !fs.existsSync(gguf)) continue;
+    const facts = path.join(dir, "model.gpu.json");
+    const current = fs.existsSync(facts) && JSON.parse(fs.readFileSync(facts, "utf8"));
+    const hash = JSON.parse(fs.readFileSync(manifest, "utf8")).build_hash;
+    if (current && current.format === GPU_FORMAT && current.build_hash === hash && fs.existsSync(path.join(dir, "model.gpu.onnx"))) continue;
+    say(`model "${name}": writing its GPU graph (first run only, a minute or two) ...`);
+    run(ensureVenv(), [path.join(ROOT, "scripts", "gpu_graph.py"), "--build", dir, "--gguf", gguf], {
+      env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+    });
+  }
+}
+
 ensureNodeModules();
 ensureOnnxruntimeProviders();
 // --no-build: the fast test tier imports src/ through vitest and needs no dist/.
@@ -251,4 +283,5 @@ if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {
   ensureModels();
   await ensureBatchGraphs();
+  ensureGpuGraphs();
 }

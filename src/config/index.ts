@@ -17,6 +17,9 @@ export const ROOT = (() => {
   return process.cwd();
 })();
 
+/** Where a lane runs its sessions: onnxruntime's CPU provider, or a GPU provider (CUDA, WebGPU) on each build's GPU graph. */
+export type ExecutionProvider = "cpu" | "cuda" | "webgpu";
+
 const bool = z
   .enum(["1", "0", "true", "false", "yes", "no"])
   .transform((v) => v === "1" || v === "true" || v === "yes");
@@ -34,13 +37,15 @@ const Env = z.object({
   ASSAY_CACHE_DIR: z.string().default(path.join(ROOT, ".cache")).meta({ doc: "bootstrap's venv, downloads and assembled GGUF files", shown: "`.cache`" }),
   /** Public model names → model folders; see models/README.md. */
   ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
-  /** `cpu` or `cuda`. */
-  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda"]).default("cpu").meta({ doc: "`cpu` or `cuda`" }),
+  /** `cpu`, `cuda` or `webgpu`; on a GPU provider every build runs its GPU graph (scripts/gpu_graph.py). */
+  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda", "webgpu"]).default("cpu").meta({ doc: "`cpu`, `cuda` (NVIDIA, onnxruntime-node's CUDA binaries) or `webgpu` (any Vulkan GPU, in the npm package); a GPU provider runs each build's GPU graph (`model.gpu.onnx`, written by the bootstrap when this is set). See [GPU](docs/operations.md#gpu)" }),
   ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8", "s8s8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU), `s8s8` (`model.s8s8.onnx`: the same products with a kernel on the CUDA provider, whose MatMulInteger takes int8 × int8 only); `auto` picks `s8s8` on CUDA, `u8s8` on a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
   ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
-  /** Start on CPU when CUDA cannot start (otherwise boot fails). */
-  ASSAY_CUDA_FALLBACK_CPU: bool.default(false).meta({ doc: "run a lane on CPU when CUDA fails", shown: "`0`" }),
+  /** Start on CPU when the GPU provider cannot start (otherwise boot fails). */
+  ASSAY_GPU_FALLBACK_CPU: bool.optional().meta({ doc: "run a lane on the CPU (its CPU graph) when the GPU provider cannot start; otherwise boot fails with the reason", shown: "`0`" }),
+  /** The name this setting had before WebGPU: read where ASSAY_GPU_FALLBACK_CPU is unset. */
+  ASSAY_CUDA_FALLBACK_CPU: bool.default(false).meta({ doc: "the earlier name of `ASSAY_GPU_FALLBACK_CPU`, read where that is unset", shown: "`0`" }),
   /** CPU workers (each owns one onnxruntime session per model). */
   ASSAY_WORKERS: z.coerce.number().int().min(1).optional().meta({ doc: "inference lanes", shown: "1 on CPU, one per GPU" }),
   /** onnxruntime intra-op threads per worker; workers × threads ≈ cores. */
@@ -52,7 +57,7 @@ const Env = z.object({
    * this many ms) beside a long one instead of behind it; 0 turns it off.
    * Default 1,500 on CPU, 0 on CUDA. See "The express worker" in docs/architecture.md.
    */
-  ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on CUDA" }),
+  ASSAY_EXPRESS_MAX_MS: z.coerce.number().int().min(0).optional().meta({ doc: "a short pass (at most this many estimated ms) of another organization runs on a second worker beside a long pass instead of behind it; `0` turns it off. See [the express worker](docs/architecture.md#the-express-worker)", shown: "`1500` on CPU, `0` on a GPU" }),
   /**
    * CPU with the express worker on: a pass also counts as short when its estimate is at most the
    * build's estimate for a pass of this many fresh tokens, so "short" follows the build and the
@@ -189,11 +194,11 @@ export type Config = Readonly<{
   dataDir: string;
   modelsDir: string;
   modelsConfig: string;
-  provider: "cpu" | "cuda";
+  provider: ExecutionProvider;
   /** Which graph of a W8A8 build runs (models/int8.ts). */
   int8Products: "auto" | "u8s8" | "u8u8" | "s8s8";
   cudaDevices: number[];
-  cudaFallbackCpu: boolean;
+  gpuFallbackCpu: boolean;
   workers: number;
   intraOpThreads: number;
   intraOpSpinning: boolean;
@@ -253,6 +258,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
   }
   // One worker per GPU; on CPU one worker using every core, because a single
   // packed forward pass already fills the cores and two would fight for cache.
+  // WebGPU: one lane, on the adapter Dawn picks (onnxruntime-node has no adapter choice).
   const workers = e.ASSAY_WORKERS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? cudaDevices.length : 1);
   const intraOpThreads = e.ASSAY_INTRA_OP_THREADS ?? Math.max(1, Math.floor(cores / workers));
   return Object.freeze({
@@ -265,11 +271,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     provider: e.ASSAY_EXECUTION_PROVIDER,
     int8Products: e.ASSAY_INT8_PRODUCTS,
     cudaDevices,
-    cudaFallbackCpu: e.ASSAY_CUDA_FALLBACK_CPU,
+    gpuFallbackCpu: e.ASSAY_GPU_FALLBACK_CPU ?? e.ASSAY_CUDA_FALLBACK_CPU,
     workers,
     intraOpThreads,
     intraOpSpinning: e.ASSAY_INTRA_OP_SPINNING,
-    expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cuda" ? 0 : 1_500),
+    expressMaxMs: e.ASSAY_EXPRESS_MAX_MS ?? (e.ASSAY_EXECUTION_PROVIDER === "cpu" ? 1_500 : 0),
     expressMaxTokens: e.ASSAY_EXPRESS_MAX_TOKENS,
     mainWorkerNice: e.ASSAY_MAIN_WORKER_NICE,
     queueMax: e.ASSAY_QUEUE_MAX,

@@ -1,3 +1,4 @@
+import type { ExecutionProvider } from "../config/index.js";
 import type { PackedTensors } from "./pack.js";
 
 /**
@@ -118,10 +119,10 @@ const REF = { parameters: 630_167_424, attention: 896 * 24, threads: 2, perToken
 /** A GPU runs a pass this many times faster than 2 CPU cores, before its first pass says otherwise (deliberately cautious). */
 const GPU_SPEEDUP = 20;
 
-export function priorCoefficients(facts: BuildFacts | null, provider: "cpu" | "cuda", threads: number): CostCoefficients {
+export function priorCoefficients(facts: BuildFacts | null, provider: ExecutionProvider, threads: number): CostCoefficients {
   const f = facts ?? { parameters: REF.parameters, hiddenSize: 896, layers: 24 };
   const threadScale = Math.pow(REF.threads / Math.max(1, threads), Math.log2(1.78));
-  const device = provider === "cuda" ? 1 / GPU_SPEEDUP : threadScale;
+  const device = provider === "cpu" ? threadScale : 1 / GPU_SPEEDUP;
   return {
     // The part of a pass apart from its tokens is mostly the weights read once more: it grows with them.
     perPass: REF.perPass * (f.parameters / REF.parameters),

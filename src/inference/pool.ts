@@ -6,7 +6,7 @@ import { Piscina } from "piscina";
 // unloaded with it, and the replacement thread's load fails with "Module did
 // not self-register" (static initialisers do not run twice in one process).
 import "onnxruntime-node";
-import { ROOT, type Config } from "../config/index.js";
+import { ROOT, type Config, type ExecutionProvider } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
 import { batchScores, batchShape, CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
@@ -291,7 +291,7 @@ export class InferencePool {
   private readonly loadMs = new Map<string, number>();
   /** The admitted request each request signal belongs to: every pass run with that signal is its work. */
   private readonly bySignal = new WeakMap<AbortSignal, Work>();
-  private readonly provider: "cpu" | "cuda";
+  private readonly provider: ExecutionProvider;
   private readonly threads: number;
   private readonly queueSource = () => this.pending();
   private readonly expressMaxMs: number;
@@ -320,25 +320,21 @@ export class InferencePool {
     this.provider = config.provider;
     this.threads = config.intraOpThreads;
     const testFaults = this.testFaults;
+    const lane = { intraOpThreads: config.intraOpThreads, spinning: config.intraOpSpinning, gpuFallbackCpu: config.gpuFallbackCpu, testFaults };
+    // A GPU lane runs its passes alone: the batch graph is the W8A8 build's, for the CPU (LoadOk.batches).
     const opts: LaneOptions[] =
-      config.provider === "cuda"
-        ? config.cudaDevices.map((deviceId) => ({
-            provider: "cuda",
-            deviceId,
-            intraOpThreads: config.intraOpThreads,
-            spinning: config.intraOpSpinning,
-            cudaFallbackCpu: config.cudaFallbackCpu,
-            ...(fallback.cpuGraph ? { cpuGraph: fallback.cpuGraph } : {}),
-            testFaults,
-          }))
-        : Array.from({ length: config.workers }, () => ({
+      config.provider === "cpu"
+        ? Array.from({ length: config.workers }, () => ({
+            ...lane,
             provider: "cpu",
             deviceId: 0,
-            intraOpThreads: config.intraOpThreads,
-            spinning: config.intraOpSpinning,
-            cudaFallbackCpu: false,
             batching: config.batch.preload && config.batch.maxTokens > 0 && config.batch.maxPasses > 1,
-            testFaults,
+          }))
+        : (config.provider === "cuda" ? config.cudaDevices : Array.from({ length: config.workers }, () => 0)).map((deviceId) => ({
+            ...lane,
+            provider: config.provider,
+            deviceId,
+            ...(fallback.cpuGraph ? { cpuGraph: fallback.cpuGraph } : {}),
           }));
     this.perLaneQueue = Math.max(0, Math.ceil(config.queueMax / opts.length));
     this.expressMaxMs = config.provider === "cpu" ? config.expressMaxMs : 0;

@@ -1,10 +1,12 @@
+import type { ExecutionProvider } from "../config/index.js";
 import type { ErrorCode } from "../errors/catalogue.js";
 import type { PackedTensors } from "./pack.js";
 
 /** Thread protocol: typed plain data only (structured clone drops classes). */
 
 export interface LaneOptions {
-  provider: "cpu" | "cuda";
+  provider: ExecutionProvider;
+  /** The CUDA device of a CUDA lane (0 elsewhere). */
   deviceId: number;
   intraOpThreads: number;
   /**
@@ -13,14 +15,15 @@ export interface LaneOptions {
    * worker) gets the cores sooner (docs/experiments/admission-and-fairness.md).
    */
   spinning: boolean;
-  /** Fall back to the CPU provider when CUDA cannot start. */
-  cudaFallbackCpu: boolean;
+  /** Fall back to the CPU provider when the GPU provider cannot start. */
+  gpuFallbackCpu: boolean;
   /**
-   * A lane that fell back to the CPU runs, in place of a build's CUDA graph
-   * file (`from`: `model.s8s8.onnx`), its sibling whose products this CPU runs
-   * exactly (`to`; models/int8.ts, cpuInt8Products), where the build has it.
+   * A lane that fell back to the CPU runs, in place of a build's GPU graph
+   * file (`from`: `model.gpu.onnx`, or `model.s8s8.onnx` where a CUDA server
+   * has no GPU graph), its sibling whose products this CPU runs exactly (`to`;
+   * models/int8.ts, cpuInt8Products), where the build has it.
    */
-  cpuGraph?: { from: string; to: string };
+  cpuGraph?: { from: string[]; to: string };
   /**
    * CPU: the nice value of this worker's thread, taken before it creates any session, so that
    * onnxruntime's threads inherit it. A lane's main worker runs above its express worker's 0. Absent: unchanged.

@@ -34,19 +34,20 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
     extra: { session: { set_denormal_as_zero: "1", "intra_op.allow_spinning": lane.spinning ? "1" : "0" } },
   };
   let file = model;
-  if (lane.provider === "cuda") {
+  if (lane.provider !== "cpu") {
+    const device = lane.provider === "cuda" ? `cuda:${lane.deviceId}` : "webgpu";
     try {
       const session = await ort.InferenceSession.create(model, {
         ...common,
-        executionProviders: [{ name: "cuda", deviceId: lane.deviceId }],
+        executionProviders: [lane.provider === "cuda" ? { name: "cuda", deviceId: lane.deviceId } : { name: "webgpu" }],
       });
-      return { session, provider: `cuda:${lane.deviceId}` };
+      return { session, provider: device };
     } catch (e) {
-      const why = e instanceof Error ? e.message : String(e);
-      if (!lane.cudaFallbackCpu) {
-        throw new Error(`CUDA execution provider could not start on device ${lane.deviceId}: ${why}`);
-      }
-      console.error(`[assay] CUDA could not start on device ${lane.deviceId} (${why}); falling back to CPU as configured`);
+      // onnxruntime's messages end in a newline, some hold several: one line in the log.
+      const why = (e instanceof Error ? e.message : String(e)).trim().replace(/\s*\n\s*/g, " ");
+      const what = lane.provider === "cuda" ? `CUDA execution provider could not start on device ${lane.deviceId}` : `WebGPU execution provider could not start (no usable Vulkan adapter?)`;
+      if (!lane.gpuFallbackCpu) throw new Error(`${what}: ${why}`);
+      console.error(`[assay] ${what} (${why}); falling back to CPU as configured (ASSAY_GPU_FALLBACK_CPU=1)`);
       file = cpuGraphOf(model);
     }
   }
@@ -54,9 +55,9 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
   return { session, provider: "cpu" };
 }
 
-/** The graph a lane that fell back from CUDA runs (LaneOptions.cpuGraph). */
+/** The graph a lane that fell back from its GPU provider runs (LaneOptions.cpuGraph). */
 function cpuGraphOf(model: string): string {
-  if (!lane.cpuGraph || path.basename(model) !== lane.cpuGraph.from) return model;
+  if (!lane.cpuGraph || !lane.cpuGraph.from.includes(path.basename(model))) return model;
   const sibling = path.join(path.dirname(model), lane.cpuGraph.to);
   return fs.existsSync(sibling) ? sibling : model;
 }

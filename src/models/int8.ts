@@ -1,4 +1,5 @@
 import fs from "node:fs";
+import type { ExecutionProvider } from "../config/index.js";
 
 /**
  * Which of a W8A8 build's graphs this machine runs (scripts/int8_graphs.py):
@@ -28,11 +29,13 @@ function cpuFlags(): Set<string> | null {
 }
 
 /**
- * `auto`: s8 × s8 on a GPU (every quantized op on the device); on a CPU, u8 ×
+ * A GPU provider runs a build's GPU graph (models/manifest.ts, GPU_GRAPH) and these only where the
+ * build has none (CUDA) or its lane fell back to the CPU (WebGPU: this CPU's products).
+ * `auto`: s8 × s8 on CUDA (every quantized op on the device); on a CPU, u8 ×
  * s8 where it is known to have VNNI or AMX, u8 × u8 otherwise, an unknown CPU
  * included (exact everywhere; on an AVX2 CPU it is no slower, docs/experiments/int8-and-gpu.md).
  */
-export function int8Products(setting: "auto" | Int8Products, provider: "cpu" | "cuda", flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
+export function int8Products(setting: "auto" | Int8Products, provider: ExecutionProvider, flags: Set<string> | null = cpuFlags()): { use: Int8Products; why: string } {
   if (setting !== "auto") {
     const onHost = provider === "cuda" && setting !== "s8s8" ? "; under CUDA its products run on the host CPU" : "";
     return { use: setting, why: `ASSAY_INT8_PRODUCTS${onHost}` };

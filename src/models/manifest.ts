@@ -2,7 +2,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { z } from "zod";
 import { INT8_GRAPH, type Int8Products } from "./int8.js";
-import { ROOT } from "../config/index.js";
+import { ROOT, type ExecutionProvider } from "../config/index.js";
 
 /**
  * Calibration maps for one model build; identity until fitted. The maps and
@@ -125,6 +125,27 @@ export interface ReadBuildOptions {
    * has not: `model.onnx`, told through `warn`). Default `u8s8`: `model.onnx`.
    */
   int8?: Int8Products;
+  /**
+   * A GPU provider: the build's GPU graph (GPU_GRAPH) serves where it is current. Without one, WebGPU
+   * refuses the build (its int8 products would run on the host); CUDA runs the `int8` graph, told through `warn`.
+   */
+  provider?: ExecutionProvider;
+}
+
+/** A build's GPU graph (scripts/gpu_graph.py): float products a GPU provider runs on the device, and what it was made from. */
+export const GPU_GRAPH = { file: "model.gpu.onnx", facts: "model.gpu.json", format: "assay-gpu-v1" } as const;
+
+const GpuFacts = z.looseObject({ format: z.string(), build_hash: z.string().nullable(), weights: z.string() });
+
+/** The GPU graph of the build in `dir`, or why it cannot serve (absent, or made from other weights or by another format). */
+export function gpuGraph(dir: string, manifest: Pick<Manifest, "build_hash">): { file: string } | { missing: string } {
+  const factsFile = path.join(dir, GPU_GRAPH.facts);
+  const file = path.join(dir, GPU_GRAPH.file);
+  if (!fs.existsSync(factsFile) || !fs.existsSync(file)) return { missing: `${dir} has no GPU graph (${GPU_GRAPH.file})` };
+  const facts = GpuFacts.safeParse(JSON.parse(fs.readFileSync(factsFile, "utf8")));
+  if (!facts.success || facts.data.format !== GPU_GRAPH.format) return { missing: `${dir}'s GPU graph is not of format ${GPU_GRAPH.format}` };
+  if (facts.data.build_hash !== manifest.build_hash) return { missing: `${dir}'s GPU graph was made from build ${facts.data.build_hash}, not ${manifest.build_hash}` };
+  return { file };
 }
 
 /**
@@ -171,11 +192,19 @@ export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild 
   const manifest = Manifest.parse(JSON.parse(fs.readFileSync(file, "utf8")));
   const found = findCalibration(dir, manifest, opts);
   manifest.calibration = opts.calibration ? opts.calibration(found, manifest) : found;
-  let graph = INT8_GRAPH.u8s8;
+  const warn = opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_INT8_GRAPH" }));
+  let graph: string = INT8_GRAPH.u8s8;
   const want = opts.int8 ?? "u8s8";
-  if (want !== "u8s8" && manifest.quantization["op"] === "MatMulInteger") {
-    if (fs.existsSync(path.join(dir, INT8_GRAPH[want]))) graph = INT8_GRAPH[want];
-    else (opts.warn ?? ((m: string) => process.emitWarning(m, { code: "ASSAY_INT8_GRAPH" })))(`${dir} has no ${INT8_GRAPH[want]}: ${MISSING_GRAPH[want]}`);
+  const gpu = opts.provider && opts.provider !== "cpu" ? gpuGraph(dir, manifest) : null;
+  if (gpu && "file" in gpu) graph = GPU_GRAPH.file;
+  else if (gpu && opts.provider === "webgpu") {
+    throw new Error(`${gpu.missing}: the WebGPU provider has no kernels for the CPU graph's int8 products; run ASSAY_EXECUTION_PROVIDER=webgpu npm run prepare-models`);
+  } else {
+    if (gpu) warn(`${gpu.missing}: CUDA runs the int8 graph instead; run ASSAY_EXECUTION_PROVIDER=cuda npm run prepare-models`);
+    if (want !== "u8s8" && manifest.quantization["op"] === "MatMulInteger") {
+      if (fs.existsSync(path.join(dir, INT8_GRAPH[want]))) graph = INT8_GRAPH[want];
+      else warn(`${dir} has no ${INT8_GRAPH[want]}: ${MISSING_GRAPH[want]}`);
+    }
   }
   return {
     dir,

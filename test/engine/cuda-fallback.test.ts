@@ -1,18 +1,20 @@
 /**
  * A CUDA lane that cannot start CUDA (this machine has no GPU, and the npm
  * package's CUDA binaries are not installed) and is allowed to fall back
- * (ASSAY_CUDA_FALLBACK_CPU=1) runs on the CPU, on the real model, and
- * answers exactly as the CPU provider does. With the CUDA provider the engine
- * picks a build's s8 × s8 graph (models/int8.ts); the fallen-back lane runs
- * the graph this CPU runs exactly in its place (LaneOptions.cpuGraph). The
- * build here is the 0.5B's folder by links, with `model.s8s8.onnx` an empty
- * file: a lane that did not swap it would fail to load.
+ * (ASSAY_CUDA_FALLBACK_CPU=1, the earlier name of ASSAY_GPU_FALLBACK_CPU) runs
+ * on the CPU, on the real model, and answers exactly as the CPU provider does.
+ * With the CUDA provider the engine picks a build's GPU graph (models/manifest.ts,
+ * gpuGraph), or its s8 × s8 graph (models/int8.ts) where it has none; the
+ * fallen-back lane runs the graph this CPU runs exactly in its place
+ * (LaneOptions.cpuGraph). The builds here are the 0.5B's folder by links, with
+ * the graph CUDA would run an empty file: a lane that did not swap it would fail to load.
  */
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
+import { GPU_GRAPH } from "../../src/models/manifest.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { ask, startEngine } from "./engine.js";
 
@@ -26,26 +28,44 @@ const QUESTIONS = {
 
 let dir: string;
 let cuda: EnginePipeline | undefined;
+let cudaGpuGraph: EnginePipeline | undefined;
 let cpu: EnginePipeline | undefined;
 
-beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-cuda-fallback-"));
-  const build = path.join(dir, "build");
+/** The 0.5B's folder by links, but for `empty`: an empty file; and without the files `drop`. */
+function buildLike(name: string, empty: string, drop: (f: string) => boolean): string {
+  const build = path.join(dir, name);
   fs.mkdirSync(build);
-  for (const f of fs.readdirSync(SMALL)) if (f !== "model.s8s8.onnx" && f !== "model.s8s8.onnx.data") fs.symlinkSync(path.join(SMALL, f), path.join(build, f));
-  fs.writeFileSync(path.join(build, "model.s8s8.onnx"), "");
-  const config = path.join(dir, "models.json");
+  for (const f of fs.readdirSync(SMALL)) if (f !== empty && !drop(f)) fs.symlinkSync(path.join(SMALL, f), path.join(build, f));
+  fs.writeFileSync(path.join(build, empty), "");
+  return build;
+}
+
+function configOf(build: string): string {
+  const config = path.join(fs.mkdtempSync(path.join(dir, "config-")), "models.json");
   fs.writeFileSync(
     config,
     JSON.stringify({ default: MODEL, builds: { "qwen2.5-coder-0.5b": { dir: build } }, models: { [MODEL]: { family: "general", build: "qwen2.5-coder-0.5b" } } }),
   );
-  const env = { ASSAY_MODELS_CONFIG: config, ASSAY_PREFIX_CACHE_MB: "0" };
-  cuda = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cuda", ASSAY_CUDA_DEVICES: "0", ASSAY_CUDA_FALLBACK_CPU: "1" });
-  cpu = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu" });
+  return config;
+}
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-cuda-fallback-"));
+  // No GPU graph: CUDA's is the s8 x s8 graph. A GPU graph: CUDA's is it.
+  const int8 = buildLike("int8", "model.s8s8.onnx", (f) => f.startsWith("model.gpu.") || f.startsWith("model.s8s8."));
+  const gpu = buildLike("gpu", "model.gpu.onnx", (f) => f.startsWith("model.gpu."));
+  const { build_hash } = JSON.parse(fs.readFileSync(path.join(SMALL, "manifest.json"), "utf8")) as { build_hash: string };
+  fs.writeFileSync(path.join(gpu, GPU_GRAPH.facts), JSON.stringify({ format: GPU_GRAPH.format, build_hash, weights: "float32" }));
+  const env = { ASSAY_PREFIX_CACHE_MB: "0" };
+  const fallback = { ASSAY_EXECUTION_PROVIDER: "cuda", ASSAY_CUDA_DEVICES: "0", ASSAY_CUDA_FALLBACK_CPU: "1" };
+  cuda = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: configOf(int8) });
+  cudaGpuGraph = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: configOf(gpu) });
+  cpu = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu", ASSAY_MODELS_CONFIG: configOf(SMALL) });
 }, 300_000);
 
 afterAll(async () => {
   await cuda?.close();
+  await cudaGpuGraph?.close();
   await cpu?.close();
   fs.rmSync(dir, { recursive: true, force: true });
 });
@@ -55,6 +75,13 @@ describe("a CUDA lane that falls back to the CPU", () => {
     expect(path.basename(cuda!.build(MODEL).build.onnxPath)).toBe("model.s8s8.onnx");
     expect(path.basename(cpu!.build(MODEL).build.onnxPath)).toMatch(/^model(\.u8u8)?\.onnx$/);
     const a = await ask(cuda!, STATE, QUESTIONS, MODEL);
+    const b = await ask(cpu!, STATE, QUESTIONS, MODEL);
+    expect(a.answers).toEqual(b.answers);
+  });
+
+  it("picks the GPU graph for CUDA where the build has one, runs this CPU's exact graph in its place, and answers as the CPU provider does", async () => {
+    expect(path.basename(cudaGpuGraph!.build(MODEL).build.onnxPath)).toBe("model.gpu.onnx");
+    const a = await ask(cudaGpuGraph!, STATE, QUESTIONS, MODEL);
     const b = await ask(cpu!, STATE, QUESTIONS, MODEL);
     expect(a.answers).toEqual(b.answers);
   });
