@@ -2,16 +2,17 @@
 # The device check: one command, on a lent GPU machine (or here, on llvmpipe). It unpacks what
 # bench/gpu-check-carry.sh put in .cache/device (Node, onnxruntime-node, the Vulkan loader), builds a
 # GPU graph and a CPU graph of random weights at a shipped model's real shapes (scripts/gpu_graph.py
-# --random --cpu-twin; no weights travel), shows where the GPU provider places the products
+# --random; no weights travel), shows where the GPU provider places the products
 # (scripts/placement.mjs), and times the engine's packed passes (bench/gpu-check.mjs) on each provider.
 #   device:  run(command="bash bench/gpu-check.sh", carry=[".cache/device"])
-#   here:    GPU_CHECK_MODEL=qwen2.5-coder-0.5b GPU_CHECK_CELLS=primary,small GPU_CHECK_RUNS=1 bash bench/gpu-check.sh
+#   here:    GPU_CHECK_MODEL=qwen2.5-coder-0.5b GPU_CHECK_CELLS=primary,small GPU_CHECK_RUNS=1 GPU_CHECK_CONCURRENT=2 bash bench/gpu-check.sh
 # Figures go to stdout and, as JSON, to $OUT (or bench/out/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${GPU_CHECK_MODEL:-qwen2.5-coder-1.5b}
 CELLS=${GPU_CHECK_CELLS:-primary,wide,small}
-RUNS=${GPU_CHECK_RUNS:-5}
+RUNS=${GPU_CHECK_RUNS:-3}
+CONCURRENT=${GPU_CHECK_CONCURRENT:-8}
 PROVIDERS=${GPU_CHECK_PROVIDERS:-webgpu,cpu}
 OUTDIR=${OUT:-bench/out}
 D=.cache/device
@@ -38,7 +39,7 @@ PY=${ASSAY_PYTHON:-python3}
 [[ -x .cache/pyenv/bin/python ]] && PY=.cache/pyenv/bin/python
 if [[ ! -f $W/$MODEL/model.gpu.json ]]; then
   say "building the graphs of random weights at $MODEL's shapes ..."
-  PYTHONUNBUFFERED=1 "$PY" scripts/gpu_graph.py --random "$MODEL" --cpu-twin --build "$W/$MODEL" >&2
+  PYTHONUNBUFFERED=1 "$PY" scripts/gpu_graph.py --random "$MODEL" --build "$W/$MODEL" >&2
 fi
 say "graphs ready at $((SECONDS - t0)) s"
 
@@ -55,6 +56,6 @@ for p in ${PROVIDERS//,/ }; do
   ' "$W/placement-$p.json"
 done
 
-"$NODE" bench/gpu-check.mjs --graphs "$W/$MODEL" --providers "$PROVIDERS" --cells "$CELLS" --runs "$RUNS" \
+"$NODE" bench/gpu-check.mjs --graphs "$W/$MODEL" --providers "$PROVIDERS" --cells "$CELLS" --runs "$RUNS" --concurrent "$CONCURRENT" \
   --label "$MODEL, $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD 2>/dev/null || echo '?')" --out "$OUTDIR/gpu-check-$MODEL.json"
 say "done in $((SECONDS - t0)) s"

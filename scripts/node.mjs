@@ -92,13 +92,18 @@ function main() {
     if (!wanted) say(`Node ${here} is not a supported line (${supportedRange()}); running on Node ${version} from the npm registry`);
     env = envFor(fetchNode(version));
   }
-  const child = spawn([command, ...args.map(quote)].join(" "), { cwd: process.cwd(), env, stdio: "inherit", shell: true });
-  // A signal to the launcher (a supervisor's SIGTERM) is the child's to handle: the server drains on it.
+  mirror(spawn([command, ...args.map(quote)].join(" "), { cwd: process.cwd(), env, stdio: "inherit", shell: true }));
+}
+
+/**
+ * This process stands for `child`: a signal to it (a supervisor's SIGTERM) is passed on (the server
+ * drains on it), and it exits as the child did, of the same signal where the child died of one.
+ */
+export function mirror(child) {
   const signals = ["SIGINT", "SIGTERM", "SIGHUP"];
   for (const signal of signals) process.on(signal, () => child.kill(signal));
   child.on("exit", (code, signal) => {
     if (signal) {
-      // Die of the same signal, so that whoever started this sees what the command saw.
       for (const s of signals) process.removeAllListeners(s);
       process.kill(process.pid, signal);
       return;
