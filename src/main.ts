@@ -109,8 +109,8 @@ async function main(): Promise<void> {
     throw e;
   }
   if (stopping) return;
-  // Ready means the default build's first short request can also go beside a long pass.
-  await engine.preloadExpress();
+  // Ready means the default build's first short request can also go beside a long pass, and a burst batches at once.
+  await engine.preloadForServing();
   if (stopping) return;
   starting.attach(engine);
   metrics.ready.set(1);

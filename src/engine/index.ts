@@ -54,6 +54,12 @@ export class Engine {
 
   /** Per build, the prompt ids of each neutral state (neutralIds). */
   private readonly neutrals = new WeakMap<LoadedBuild, Map<string, number[]>>();
+  /**
+   * Prior readings being read now, by the branches they read (PriorCache.keyOf): requests that miss the
+   * same prior at once (a burst asking one new question) wait for the one reading instead of each
+   * reading it again (eight small requests right after boot: 1.5 s against 0.77 s once the prior was held).
+   */
+  private readonly priorFlights = new Map<string, Promise<unknown>>();
 
   constructor(
     readonly pool: InferencePool,
@@ -243,12 +249,26 @@ export class Engine {
    */
   async prior(lb: LoadedBuild, neutral: string, branches: readonly EncodedQuestion[], limit: number, ctx: ScoreContext = {}): Promise<number[][]> {
     const build = lb.build.manifest.build_hash;
-    const { out, missing } = this.priorsHeld(lb, neutral, branches, ctx.orgId, true);
+    let { out, missing } = this.priorsHeld(lb, neutral, branches, ctx.orgId, true);
+    const key = () => this.priors.keyOf(build, ctx.orgId, neutral, missing.map((i) => branches[i]!));
+    const flight = missing.length > 0 ? this.priorFlights.get(key()) : undefined;
+    if (flight) {
+      // Whatever became of it (the reader's request may have failed or passed its deadline), look again.
+      await flight.catch(() => undefined);
+      ({ out, missing } = this.priorsHeld(lb, neutral, branches, ctx.orgId, true));
+    }
     if (missing.length > 0) {
-      const { lps } = await this.scoreMany(lb, this.neutralIds(lb, neutral), branches, limit, ctx, missing);
-      for (const i of missing) {
-        out[i] = lps[i]!;
-        this.priors.store(build, ctx.orgId, neutral, branches[i]!, lps[i]!);
+      const k = key();
+      const reading = this.scoreMany(lb, this.neutralIds(lb, neutral), branches, limit, ctx, missing);
+      this.priorFlights.set(k, reading);
+      try {
+        const { lps } = await reading;
+        for (const i of missing) {
+          out[i] = lps[i]!;
+          this.priors.store(build, ctx.orgId, neutral, branches[i]!, lps[i]!);
+        }
+      } finally {
+        if (this.priorFlights.get(k) === reading) this.priorFlights.delete(k);
       }
     }
     return out as number[][];

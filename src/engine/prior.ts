@@ -52,6 +52,11 @@ export class PriorCache {
     });
   }
 
+  /** One key for a set of branches read together (a prior pass in flight: Engine.prior). */
+  keyOf(build: string, org: string | undefined, neutral: string, branches: readonly EncodedQuestion[]): string {
+    return branches.map((b) => this.key(build, org, neutral, b)).join("\u0001");
+  }
+
   store(build: string, org: string | undefined, neutral: string, branch: EncodedQuestion, reading: number[]): void {
     this.lru.set(this.key(build, org, neutral, branch), reading);
   }

@@ -91,6 +91,8 @@ export interface BatchTask {
 export interface LoadTask {
   kind: "load" | "unload";
   model: string;
+  /** A load on a lane's main worker: also the build's batch graph, where it batches (the server's readiness). */
+  batch?: boolean;
 }
 
 export type Task = InferTask | BatchTask | LoadTask;

@@ -229,10 +229,11 @@ export default async function run(task: Task): Promise<TaskResult> {
         const start = performance.now();
         const { provider } = await session(task.model);
         const batching = lane.provider === "cpu" && batches(task.model);
-        // With ASSAY_BATCH_PRELOAD=1 the batch graph loads with its build (the first batch then waits for
-        // nothing: the 1.5B's took seconds on 2 cores); by default on the first batch, so that a server or
-        // a test that never batches spends neither the load nor the memory.
-        if (batching && lane.batching) await session(batchGraphOf(task.model));
+        // The batch graph loads with its build where asked (ASSAY_BATCH_PRELOAD=1, or the server's readiness:
+        // task.batch), and the first batch then waits for nothing (the 1.5B's load took seconds on 2 cores);
+        // otherwise on the first batch, so that an offline tool or a test that never batches spends neither
+        // the load nor the memory.
+        if (batching && (lane.batching || task.batch)) await session(batchGraphOf(task.model));
         return { ok: true, loaded: true, provider, loadMs: performance.now() - start, batches: batching };
       }
       case "unload": {

@@ -108,13 +108,15 @@ export class EnginePipeline implements Pipeline {
   }
 
   /**
-   * Loads the default build into the express workers now rather than on
-   * first need (InferencePool.preloadExpress). The server does it before it
-   * reports ready; the CLI tools, whose passes all belong to one caller and
-   * never go beside each other, do not.
+   * What a request on a warm server may need, loaded now rather than on first need: the default build
+   * in the express workers (InferencePool.preloadExpress) and its batch graph on the main workers
+   * (InferencePool.preloadBatch), side by side (they are different workers). The server does it before
+   * it reports ready; the CLI tools, whose passes all belong to one caller, neither go beside each other
+   * nor batch, and do not.
    */
-  async preloadExpress(): Promise<void> {
-    await this.pool.preloadExpress(this.build(this.registry.file.default).build.onnxPath);
+  async preloadForServing(): Promise<void> {
+    const model = this.build(this.registry.file.default).build.onnxPath;
+    await Promise.all([this.pool.preloadExpress(model), this.pool.preloadBatch(model)]);
   }
 
   build(name: string): LoadedBuild {
