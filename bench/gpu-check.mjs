@@ -22,6 +22,7 @@ const { values: o } = parseArgs({
     providers: { type: "string", default: "webgpu,cpu" },
     cells: { type: "string", default: "primary,wide,small" },
     runs: { type: "string", default: "5" },
+    "cpu-runs": { type: "string", default: "1" },
     concurrent: { type: "string", default: "8" },
     out: { type: "string" },
     label: { type: "string", default: "" },
@@ -38,6 +39,8 @@ const fixture = JSON.parse(fs.readFileSync(path.join(HERE, "gpu-check-passes.jso
 const facts = JSON.parse(fs.readFileSync(path.join(o.graphs, "model.gpu.json"), "utf8"));
 const kv = facts.kv;
 const runs = Number(o.runs);
+// The CPU column is the comparison point: one timed run by default, so that the whole check fits a short lease.
+const cpuRuns = Number(o["cpu-runs"]);
 const concurrent = Number(o.concurrent);
 const cells = o.cells.split(",");
 
@@ -84,7 +87,7 @@ async function measure(provider) {
     const firstMs = performance.now() - w0;
     const n = cell === "small" ? concurrent : 1;
     const times = [];
-    for (let r = 0; r < runs; r++) {
+    for (let r = 0; r < (provider === "cpu" ? cpuRuns : runs); r++) {
       const s = performance.now();
       for (let i = 0; i < n; i++) await request();
       times.push(performance.now() - s);

@@ -56,6 +56,6 @@ for p in ${PROVIDERS//,/ }; do
   ' "$W/placement-$p.json"
 done
 
-"$NODE" bench/gpu-check.mjs --graphs "$W/$MODEL" --providers "$PROVIDERS" --cells "$CELLS" --runs "$RUNS" --concurrent "$CONCURRENT" \
+"$NODE" bench/gpu-check.mjs --graphs "$W/$MODEL" --providers "$PROVIDERS" --cells "$CELLS" --runs "$RUNS" --cpu-runs "${GPU_CHECK_CPU_RUNS:-1}" --concurrent "$CONCURRENT" \
   --label "$MODEL, $(date -u +%Y-%m-%d), $(git rev-parse --short HEAD 2>/dev/null || echo '?')" --out "$OUTDIR/gpu-check-$MODEL.json"
 say "done in $((SECONDS - t0)) s"

@@ -25,6 +25,7 @@ their CPU graph (model.onnx, W8A8) beside them for its CPU column.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import shutil
@@ -106,7 +107,9 @@ def gguf_weights(gguf: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, sd
 
 
-def export(model: PackedDecoder, vocab: int, path: Path, w8a8: bool = False) -> None:
+def export(holder: list[PackedDecoder], vocab: int, path: Path, w8a8: bool = False) -> None:
+    """Export holder's one module to `path` (one weights file beside it), W8A8-rewritten where asked; empties holder."""
+    model = holder.pop()
     tmp = path.parent / "gpu-export.partial"
     tmp.mkdir(exist_ok=True)
     with torch.no_grad():
@@ -126,6 +129,8 @@ def export(model: PackedDecoder, vocab: int, path: Path, w8a8: bool = False) -> 
             dynamo=False,
             external_data=True,
         )
+    del model
+    gc.collect()
     m = onnx.load(str(tmp / "model.onnx"), load_external_data=True)
     if w8a8:
         from w8a8 import rewrite
@@ -177,13 +182,16 @@ def main() -> int:
     vocab = int(cfg["vocab_size"])
     if args.random:
         log(f"exporting their CPU graph (W8A8, model.onnx) ... {time.time() - t0:.0f}s")
-        export(PackedDecoder(cfg, sd).eval(), vocab, out / "model.onnx", w8a8=True)
-    model = GpuDecoder(cfg, sd).eval()
-    kv = {"layers": model.n_layers, "kv_heads": model.n_kv, "head_dim": model.head_dim}
-    del sd
+        export([PackedDecoder(cfg, sd).eval()], vocab, out / "model.onnx", w8a8=True)
+    heads = int(cfg["num_attention_heads"])
+    kv = {"layers": int(cfg["num_hidden_layers"]), "kv_heads": int(cfg["num_key_value_heads"]),
+          "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)}
     log(f"exporting {path} ... {time.time() - t0:.0f}s")
-    export(model, vocab, path)
-    del model
+    # Built in the call, so that export() holds its only reference and frees it before it re-reads the
+    # graph: the 1.5B's float32 weights would otherwise be in memory twice over (torch, then onnx).
+    holder = [GpuDecoder(cfg, sd).eval()]
+    del sd
+    export(holder, vocab, path)
 
     try:
         diff = check(path, out / "model.onnx", vocab, kv)

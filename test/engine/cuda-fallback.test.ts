@@ -16,7 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
 import { GPU_GRAPH } from "../../src/models/manifest.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
-import { ask, startEngine } from "./engine.js";
+import { ask, oneBuildConfig, startEngine } from "./engine.js";
 
 const SMALL = path.join(ROOT, "models", "cache", "qwen2.5-coder-0.5b-instruct");
 const MODEL = "vendor/judge-9B";
@@ -40,15 +40,6 @@ function buildLike(name: string, empty: string, drop: (f: string) => boolean): s
   return build;
 }
 
-function configOf(build: string): string {
-  const config = path.join(fs.mkdtempSync(path.join(dir, "config-")), "models.json");
-  fs.writeFileSync(
-    config,
-    JSON.stringify({ default: MODEL, builds: { "qwen2.5-coder-0.5b": { dir: build } }, models: { [MODEL]: { family: "general", build: "qwen2.5-coder-0.5b" } } }),
-  );
-  return config;
-}
-
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-cuda-fallback-"));
   // No GPU graph: CUDA's is the s8 x s8 graph. A GPU graph: CUDA's is it.
@@ -58,15 +49,13 @@ beforeAll(async () => {
   fs.writeFileSync(path.join(gpu, GPU_GRAPH.facts), JSON.stringify({ format: GPU_GRAPH.format, build_hash, weights: "float32" }));
   const env = { ASSAY_PREFIX_CACHE_MB: "0" };
   const fallback = { ASSAY_EXECUTION_PROVIDER: "cuda", ASSAY_CUDA_DEVICES: "0", ASSAY_CUDA_FALLBACK_CPU: "1" };
-  cuda = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: configOf(int8) });
-  cudaGpuGraph = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: configOf(gpu) });
-  cpu = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu", ASSAY_MODELS_CONFIG: configOf(SMALL) });
+  cuda = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(int8, MODEL) });
+  cudaGpuGraph = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(gpu, MODEL) });
+  cpu = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu", ASSAY_MODELS_CONFIG: oneBuildConfig(SMALL, MODEL) });
 }, 300_000);
 
 afterAll(async () => {
-  await cuda?.close();
-  await cudaGpuGraph?.close();
-  await cpu?.close();
+  for (const engine of [cuda, cudaGpuGraph, cpu]) await engine?.close();
   fs.rmSync(dir, { recursive: true, force: true });
 });
 

@@ -67,6 +67,13 @@ export function smallDeployment(): Record<string, string> {
 
 const SMALL_BUILD = "qwen2.5-coder-0.5b";
 
+/** A models config of one build folder alone, as `model` (and the default), written to a temp file: its path. */
+export function oneBuildConfig(buildDir: string, model: string): string {
+  const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "assay-models-")), "models.json");
+  fs.writeFileSync(out, JSON.stringify({ default: model, builds: { b: { dir: buildDir } }, models: { [model]: { family: "general", build: "b" } } }));
+  return out;
+}
+
 interface ModelsFile {
   builds: Record<string, { availability?: string }>;
   models: Record<string, { family?: string; build?: string; escalate_to?: string }>;

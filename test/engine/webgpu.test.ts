@@ -21,7 +21,7 @@ import { ROOT } from "../../src/config/index.js";
 import { GPU_GRAPH } from "../../src/models/manifest.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Question, SystemOneResponse } from "../../src/validate/schema.js";
-import { ask, startEngine } from "./engine.js";
+import { ask, oneBuildConfig, startEngine } from "./engine.js";
 
 const SMALL = path.join(ROOT, "models", "cache", "qwen2.5-coder-0.5b-instruct");
 const MODEL = "vendor/judge-9B";
@@ -39,13 +39,6 @@ let gpu: EnginePipeline | undefined;
 let cpu: EnginePipeline | undefined;
 let gpuGraphOnCpu: EnginePipeline | undefined;
 
-/** A deployment of one build folder alone, as vendor/judge-9B (and the default). */
-function configOf(build: string): string {
-  const config = path.join(fs.mkdtempSync(path.join(dir, "config-")), "models.json");
-  fs.writeFileSync(config, JSON.stringify({ default: MODEL, builds: { b: { dir: build } }, models: { [MODEL]: { family: "general", build: "b" } } }));
-  return config;
-}
-
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-webgpu-"));
   // The 0.5B's folder by links, with its GPU graph as model.onnx: the CPU provider runs the GPU graph.
@@ -57,15 +50,13 @@ beforeAll(async () => {
   fs.symlinkSync(path.join(SMALL, GPU_GRAPH.file), path.join(asCpu, "model.onnx"));
   const slow = { ASSAY_REQUEST_TIMEOUT_MAX_MS: "1800000", ASSAY_REQUEST_TIMEOUT_MS: "1800000" };
   const env = { ASSAY_PREFIX_CACHE_MB: "0", ASSAY_BATCH_MAX_TOKENS: "0" };
-  cpu = await startEngine({ ...env, ASSAY_MODELS_CONFIG: configOf(SMALL), ASSAY_EXECUTION_PROVIDER: "cpu" });
-  gpuGraphOnCpu = await startEngine({ ...env, ...slow, ASSAY_MODELS_CONFIG: configOf(asCpu), ASSAY_EXECUTION_PROVIDER: "cpu" });
-  gpu = await startEngine({ ...env, ...slow, ASSAY_MODELS_CONFIG: configOf(SMALL), ASSAY_EXECUTION_PROVIDER: "webgpu" });
+  cpu = await startEngine({ ...env, ASSAY_MODELS_CONFIG: oneBuildConfig(SMALL, MODEL), ASSAY_EXECUTION_PROVIDER: "cpu" });
+  gpuGraphOnCpu = await startEngine({ ...env, ...slow, ASSAY_MODELS_CONFIG: oneBuildConfig(asCpu, MODEL), ASSAY_EXECUTION_PROVIDER: "cpu" });
+  gpu = await startEngine({ ...env, ...slow, ASSAY_MODELS_CONFIG: oneBuildConfig(SMALL, MODEL), ASSAY_EXECUTION_PROVIDER: "webgpu" });
 }, 600_000);
 
 afterAll(async () => {
-  await gpu?.close();
-  await cpu?.close();
-  await gpuGraphOnCpu?.close();
+  for (const engine of [gpu, cpu, gpuGraphOnCpu]) await engine?.close();
   fs.rmSync(dir, { recursive: true, force: true });
 });
 

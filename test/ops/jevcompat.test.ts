@@ -28,7 +28,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
-import { startServer, type ServerProcess } from "./server-process.js";
+import { startServer, stopServer, type ServerProcess } from "./server-process.js";
 
 const PACKAGES = ["jevcompat==0.1.1", "typesafe-sdk==0.7.5"];
 const VENV = path.join(ROOT, ".cache", "jevcompat-venv");
@@ -107,11 +107,7 @@ beforeAll(async () => {
 }, 2_400_000);
 
 afterAll(async () => {
-  if (server && server.proc.exitCode === null) {
-    server.kill("SIGKILL");
-    await server.exited;
-  }
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await stopServer(server, dir);
 });
 
 describe("jevcompat 0.1.1 against the real server on its defaults", () => {

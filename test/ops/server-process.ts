@@ -4,6 +4,7 @@
  * from stdout, finds the port it listens on (PORT=0), and reports its exit.
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import fs from "node:fs";
 import path from "node:path";
 import { ROOT } from "../../src/config/index.js";
 
@@ -73,4 +74,13 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
     exited,
     kill: (signal = "SIGTERM") => proc.kill(signal),
   };
+}
+
+/** After a test: its server killed and waited for, if it still runs, and its data folder removed. */
+export async function stopServer(server: ServerProcess | null, dataDir: string): Promise<void> {
+  if (server && server.proc.exitCode === null) {
+    server.kill("SIGKILL");
+    await server.exited;
+  }
+  if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
 }

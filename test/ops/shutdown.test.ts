@@ -12,19 +12,15 @@ import { afterEach, describe, expect, it } from "vitest";
 import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { smallDeployment } from "../engine/engine.js";
 import { body, until } from "./helpers.js";
-import { startServer, type ServerProcess } from "./server-process.js";
+import { startServer, stopServer, type ServerProcess } from "./server-process.js";
 import { detailMessage } from "../../src/errors/catalogue.js";
 
 let server: ServerProcess | null = null;
 let dir = "";
 
 afterEach(async () => {
-  if (server && server.proc.exitCode === null) {
-    server.kill("SIGKILL");
-    await server.exited;
-  }
+  await stopServer(server, dir);
   server = null;
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
 async function boot(env: Record<string, string> = {}) {

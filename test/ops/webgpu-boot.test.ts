@@ -10,7 +10,7 @@ import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { smallDeployment } from "../engine/engine.js";
 import { body } from "./helpers.js";
-import { startServer, type ServerProcess } from "./server-process.js";
+import { startServer, stopServer, type ServerProcess } from "./server-process.js";
 
 /** The Vulkan loader reads its drivers from these; a file that does not exist leaves it none. */
 const NO_VULKAN = { VK_ICD_FILENAMES: "/nonexistent/icd.json", VK_DRIVER_FILES: "/nonexistent/icd.json" };
@@ -19,12 +19,8 @@ let server: ServerProcess | null = null;
 let dir = "";
 
 afterEach(async () => {
-  if (server && server.proc.exitCode === null) {
-    server.kill("SIGKILL");
-    await server.exited;
-  }
+  await stopServer(server, dir);
   server = null;
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
 async function boot(env: Record<string, string>): Promise<ServerProcess> {
