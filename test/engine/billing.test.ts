@@ -15,7 +15,7 @@ import { SqliteAccountsStore } from "../../src/accounts/sqlite.js";
 import { buildApp } from "../../src/app.js";
 import { loadConfig } from "../../src/config/index.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
-import { startEngine } from "./engine.js";
+import { smallDeployment, startEngine } from "./engine.js";
 
 let engine: EnginePipeline;
 let app: FastifyInstance;
@@ -24,7 +24,7 @@ let dir: string;
 
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-engine-billing-"));
-  engine = await startEngine();
+  engine = await startEngine(smallDeployment());
   const config = loadConfig({ ...process.env, ASSAY_DATA_DIR: dir, LOG_LEVEL: "silent" });
   accounts = new SqliteAccountsStore(dir, { startingGrantMicro: config.startingGrantMicro });
   app = buildApp({ config, pipeline: engine, accounts });

@@ -13,7 +13,7 @@ import { prepare } from "../../src/families/general.js";
 import { EnginePipeline } from "../../src/pipeline/index.js";
 import { NO_DEBIAS } from "../../src/prompt/index.js";
 import type { ChoiceAnswer, Question, ScoreAnswer } from "../../src/validate/schema.js";
-import { ask } from "./engine.js";
+import { ask, smallDeployment } from "./engine.js";
 
 /** Packing noise between requests of different layout (as in invariance.test.ts). */
 const TOL = 0.005;
@@ -29,7 +29,8 @@ const reorder = (keys: string[]): Question => ({
 
 let engine: EnginePipeline;
 beforeAll(async () => {
-  engine = await EnginePipeline.create(loadConfig({ ...process.env, LOG_LEVEL: "silent", ASSAY_DEBIAS: "cyclic", ASSAY_DEBIAS_MAX_SHIFTS: "8" }));
+  // Invariance is the debiasing's, by construction, on any build: the small deployment.
+  engine = await EnginePipeline.create(loadConfig({ ...process.env, ...smallDeployment(), LOG_LEVEL: "silent", ASSAY_DEBIAS: "cyclic", ASSAY_DEBIAS_MAX_SHIFTS: "8" }));
 });
 afterAll(async () => {
   await engine?.close();

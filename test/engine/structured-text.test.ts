@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneResponse } from "../../src/validate/schema.js";
-import { startEngine } from "./engine.js";
+import { smallDeployment, startEngine } from "./engine.js";
 
 const STATE = {
   subject: "Charged twice for March",
@@ -23,7 +23,8 @@ const TOL = 0.005;
 
 let engine: EnginePipeline;
 beforeAll(async () => {
-  engine = await startEngine();
+  // What is read is the prompt: the small deployment (every name on the 0.5B) reads it as any build does.
+  engine = await startEngine(smallDeployment());
 });
 afterAll(async () => {
   await engine.close();
