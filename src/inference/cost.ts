@@ -138,6 +138,13 @@ const PRIOR_WEIGHT = 3;
 const PRIOR_FLOOR = 0.02;
 /** The pace starts at the prior's, as if it had run this many milliseconds of passes at it. */
 const SPEED_PRIOR_MS = 1_000;
+/**
+ * On a GPU the prior is a guess at a device never measured (an H200 or llvmpipe, a software Vulkan device
+ * 200 times slower than the CPU): the first passes, the boot's warm-up among them, set the pace. With the
+ * CPU's weight, WebGPU on llvmpipe estimated the README's request at 16.5 s after boot, ran it in about
+ * 100 s, and answered 504 at its 60 s deadline.
+ */
+export const GPU_SPEED_PRIOR_MS = 1;
 /** Pseudo-passes: a short request, a mid-size state with questions, many code search items, a long state. */
 const PRIOR_SHAPES: PassShape[] = [
   { tokens: 160, prefix: 120, branches: 2, width: 20 },
@@ -173,7 +180,10 @@ export class CostModel {
   /** Passes observed so far. */
   passes = 0;
 
-  constructor(readonly prior: CostCoefficients) {
+  constructor(
+    readonly prior: CostCoefficients,
+    private readonly speedPriorMs = SPEED_PRIOR_MS,
+  ) {
     this.coef = { ...prior };
   }
 
@@ -243,7 +253,7 @@ export class CostModel {
     // The pseudo-passes keep the prior's proportions between shapes, at the
     // speed the real passes show: a machine twice as loaded is twice as slow
     // on shapes it has not run lately too.
-    const speed = Math.exp(this.logRatioSum / (this.ratioWeight + SPEED_PRIOR_MS));
+    const speed = Math.exp(this.logRatioSum / (this.ratioWeight + this.speedPriorMs));
     for (const s of PRIOR_SHAPES) this.accumulate(xx, xy, s, speed * estimateWith(this.prior, s), this.priorWeight);
     // Non-negative least squares over three unknowns: solve on the free set,
     // pin a negative coefficient at zero and solve again.

@@ -9,7 +9,7 @@ import "onnxruntime-node";
 import { ROOT, type Config, type ExecutionProvider } from "../config/index.js";
 import { AssayError } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
-import { batchScores, batchShape, CostModel, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
+import { batchScores, batchShape, CostModel, GPU_SPEED_PRIOR_MS, priorCoefficients, shapeOf, type BuildFacts, type PassShape } from "./cost.js";
 import { batchGraphOf } from "./batch.js";
 import { FairQueue } from "./fair-queue.js";
 import type { PackedTensors } from "./pack.js";
@@ -401,7 +401,7 @@ export class InferencePool {
   costModel(model: string): CostModel {
     let c = this.costs.get(model);
     if (!c) {
-      c = new CostModel(priorCoefficients(buildFacts(model), this.provider, this.threads));
+      c = new CostModel(priorCoefficients(buildFacts(model), this.provider, this.threads), this.provider === "cpu" ? undefined : GPU_SPEED_PRIOR_MS);
       this.costs.set(model, c);
       this.publish(model, c);
     }

@@ -4,7 +4,7 @@
  * policy (work.ts).
  */
 import { describe, expect, it } from "vitest";
-import { CostModel, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
+import { CostModel, GPU_SPEED_PRIOR_MS, attentionPairs, priorCoefficients, shapeOf, type PassShape } from "../../src/inference/cost.js";
 import { FairQueue } from "../../src/inference/fair-queue.js";
 import { pack } from "../../src/inference/pack.js";
 import { DEADLINE_MARGIN, FINISH_GRACE, SAFETY, SAFETY_MAX, admissionSafety, fairFinishMs, judge, likelyEscalated, refusal } from "../../src/inference/work.js";
@@ -99,6 +99,22 @@ describe("the cost model", () => {
     m.observe(tiny, 3 * m.estimate(tiny));
     expect(m.estimate(tiny)).toBeGreaterThan(2 * new CostModel(prior).estimate(tiny));
     expect(m.estimate(large) / before).toBeLessThan(1.1);
+  });
+
+  it("on a GPU, whose prior is a guess, the boot's warm-up pass sets the pace of every shape", () => {
+    const gpu = priorCoefficients({ parameters: 630_167_424, hiddenSize: 896, layers: 24 }, "webgpu", 2);
+    const warmUp = shape(60, 1, 20);
+    const request = shape(600, 8, 30);
+    // A device 300 times slower than the prior guessed (llvmpipe, a software Vulkan device, was about that).
+    const slow = (m: CostModel) => m.observe(warmUp, 300 * new CostModel(gpu).estimate(warmUp));
+    const guessed = new CostModel(gpu, GPU_SPEED_PRIOR_MS);
+    slow(guessed);
+    const learned = guessed.estimate(request) / new CostModel(gpu).estimate(request);
+    expect(learned).toBeGreaterThan(100);
+    // With the CPU's trust in its prior, the same pass moves it far less: the request then ran past its deadline.
+    const trusted = new CostModel(gpu);
+    slow(trusted);
+    expect(trusted.estimate(request) / new CostModel(gpu).estimate(request)).toBeLessThan(learned / 5);
   });
 
   it("ignores timings that are not a positive finite number", () => {
