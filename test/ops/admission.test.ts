@@ -158,8 +158,13 @@ describe("fair between organizations", () => {
     const track = (name: string, p: ReturnType<typeof post>) => p.then((r) => (finished.push(name), r));
     const first = track("acme-0", post(noul(SHORT)));
     await until(() => engine.pool.running === 1, "the first request to reach the worker", { pending: first });
-    // Three more: the organization's limit before a purchase is 4 in flight.
-    const flood = Array.from({ length: 3 }, (_, i) => track(`acme-${i + 1}`, post(noul(`${SHORT} Case ${i}.`))));
+    // Three more: the organization's limit before a purchase is 4 in flight. Each asks its own question:
+    // requests of one organization asking the same new question read its content-free prior once (the
+    // first one's reading, Engine.prior), so the later ones would need a pass less than the other
+    // organization's request and finish before it on less work, not by going ahead of it.
+    const flood = Array.from({ length: 3 }, (_, i) =>
+      track(`acme-${i + 1}`, post({ ...noul(`${SHORT} Case ${i}.`), questions: { late: { type: "noul", instructions: `The delivery of case ${i} was late.` } } })),
+    );
     await until(() => engine.pool.queued === 3, "the organization's requests to queue");
     const single = track("beta", post(noul("Thanks, the refund came through."), other.key));
     await until(() => engine.pool.queued === 4, "the other organization's request to queue", { pending: single });
