@@ -41,16 +41,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from export_onnx import INPUTS, OUTPUTS, PackedDecoder, example_inputs, no_past, packed_example, sess_run  # noqa: E402
 from fetch_weights import sha256 as sha256_file  # noqa: E402
 
-# What this script writes; the engine and bootstrap rewrite a graph of another format.
+# What this script writes: the engine refuses a GPU graph of another format, and bootstrap writes it again.
 GPU_FORMAT = "assay-gpu-v1"
 GPU_GRAPH = "model.gpu.onnx"
 
 # The shapes of the shipped builds, for --random (Qwen2.5-Coder's config.json).
 SHAPES = {
     "qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                               num_key_value_heads=2, vocab_size=151936, tie=True),
+                               num_key_value_heads=2, vocab_size=151936),
     "qwen2.5-coder-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                               num_key_value_heads=2, vocab_size=151936, tie=True),
+                               num_key_value_heads=2, vocab_size=151936),
 }
 
 
