@@ -19,6 +19,7 @@ import { CALIBRATION_DIR, CalibrationFit, readBuild, readCalibrationFile } from 
 import { ModelRegistry } from "../models/registry.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
 import { runDatasets } from "../eval/runner.js";
+import { confidenceTable, fitConfidence } from "../eval/confidence-fit.js";
 import {
   crossValidate,
   crossValidationTable,
@@ -143,6 +144,10 @@ export function mergeFit(existing: CalibrationFit | null, fit: CalibrationFit, f
     platt: { ...kept(existing.platt), ...(fit.platt ?? {}) },
     // Top-label maps too: one the refit left out must not survive from the old file.
     top_label: { ...kept(existing.top_label), ...(fit.top_label ?? {}) },
+    // Confidence maps: those of the types this fit ran on are decided afresh, the others kept.
+    ...(fit.confidence || existing.confidence
+      ? { confidence: { ...Object.fromEntries(Object.entries(existing.confidence ?? {}).filter(([t]) => fitted !== undefined && !fitted.has(t))), ...(fit.confidence ?? {}) } }
+      : {}),
     ...(Object.keys(prior).length > 0 ? { prior } : {}),
     ...(Object.keys(prior).length > 0 && Object.keys(priorState).length > 0 ? { prior_state: priorState } : {}),
     ...(fitted
@@ -393,8 +398,20 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
       ece_floor_temperature: r.floorTemperature,
       ...(r.type === "noul" ? {} : { after_top_label: r.after, ece_floor_top_label: r.floor }),
     }));
+  // Confidence maps, where the run recorded the readings: judged against the maps the build ships now.
+  const shippedFile = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);
+  const shippedFit = fs.existsSync(shippedFile) ? readCalibrationFile(shippedFile) : null;
+  const shippedMaps = shippedFit && shippedFit.build_hash === header.build_hash ? { temperatures: shippedFit.temperatures, platt: shippedFit.platt, top_label: shippedFit.top_label } : null;
+  const confidence = items.some((it) => it.reading) ? fitConfidence(items, shippedMaps) : null;
   const fit = CalibrationFit.parse({
     ...header,
+    ...(confidence
+      ? {
+          confidence: confidence.maps,
+          confidence_validation: confidence.rows.map((r) => ({ ...r, validation: "leave-one-dataset-out" })),
+          confidence_features: confidence.choice,
+        }
+      : {}),
     fitted_at: new Date().toISOString(),
     temperatures: maps.temperatures,
     platt: maps.platt,
@@ -408,6 +425,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
   });
   io.stdout(`${opts.folds}-fold, within each set:\n${crossValidationTable(cv, opts.folds)}`);
   io.stdout(`\nleave-one-dataset-out (maps fitted on the other sets of the type):\n${crossValidationTable(lodo, opts.folds).replace(/\(\d+-fold\)/g, "(LODO)")}`);
+  if (confidence) io.stdout(`\nconfidence maps, leave-one-dataset-out (fitted on the other sets of the type), against the maps shipped before:\n${confidenceTable(confidence)}`);
   io.stdout(`\ntemperatures ${JSON.stringify(maps.temperatures)}\nplatt ${JSON.stringify(maps.platt)}\ntop_label ${JSON.stringify(maps.top_label)}\nprior ${JSON.stringify(header.prior ?? {})}\n`);
   let file: string | null = null;
   if (opts.write) {

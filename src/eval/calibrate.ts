@@ -13,7 +13,7 @@
  * Platt scaling, choice and score a temperature and a top-label map
  * (src/probability/calibration.ts says why).
  */
-import type { CalibrationMaps, Platt } from "../probability/index.js";
+import type { CalibrationMaps, Platt, QuestionReading } from "../probability/index.js";
 import { calibrateNoul, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
 import { balancedWeights, fitPlatt, fitTemperature, fitTopLabel } from "./fitting.js";
 import { argmaxIndex, auroc, reliability, mean } from "./metrics.js";
@@ -27,6 +27,8 @@ export interface FitItem {
   /** noul: [yes, no]; choice: options in dataset order; score: levels low → high. */
   lp: number[];
   gold: number;
+  /** What the engine read (in the same option order), where the run recorded it: what the confidence maps fit on. */
+  reading?: QuestionReading;
 }
 
 /** Label log-probabilities below this are floored (an underflowed probability reads as null). */
@@ -53,7 +55,7 @@ export function fitItems(runs: readonly DatasetRun[]): FitItem[] {
           gold = it.gold;
           break;
       }
-      out.push({ dataset: ds.name, type: ds.task, lp, gold });
+      out.push({ dataset: ds.name, type: ds.task, lp, gold, ...(r.main.reading ? { reading: r.main.reading } : {}) });
     });
   }
   return out;

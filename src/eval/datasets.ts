@@ -119,8 +119,14 @@ export function rowToItem(format: DatasetFormat, row: Row, where: { file: string
       }
       if (!options.includes(label)) fail(file, line, `label "${label}" is not one of the options`);
       if (new Set(options).size !== options.length) fail(file, line, "options repeat");
+      // Optional `descriptions`: what each option means, sent as its criterion.
+      const { descriptions } = row;
+      if (descriptions !== undefined && (typeof descriptions !== "object" || descriptions === null || Array.isArray(descriptions))) {
+        fail(file, line, "descriptions must be an object of option → text");
+      }
+      const said = (descriptions ?? {}) as Record<string, unknown>;
       const criteria: Record<string, string | null> = {};
-      for (const o of options) criteria[o] = null;
+      for (const o of options) criteria[o] = isStr(said[o]) ? said[o] : null;
       return { type: "choice", id, state: text, question: { type: "choice", instructions: question, criteria }, options, gold: label };
     }
     case "score": {

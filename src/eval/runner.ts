@@ -7,7 +7,7 @@
 import type { CalibrationFit } from "../models/manifest.js";
 import type { Pipeline } from "../pipeline/types.js";
 import { Timings } from "../pipeline/timings.js";
-import { temperatureFor, topLabelFor, uncalibrateNoulLogit } from "../probability/index.js";
+import { temperatureFor, topLabelFor, uncalibrateNoulLogit, type QuestionReading } from "../probability/index.js";
 import type { Answer, ChoiceQuestion, Question, ScoreQuestion } from "../validate/schema.js";
 import { groupByState, type Dataset, type EvalItem } from "./datasets.js";
 import { argmaxIndex, logSoftmax, unreverseLevel } from "./metrics.js";
@@ -35,6 +35,8 @@ export interface Readout {
    * the manifest's temperature; null where the probability underflowed.
    */
   labelLogprobs: (number | null)[];
+  /** What the engine read for the question (general family): what a confidence map is fitted on. */
+  reading?: QuestionReading;
 }
 
 export interface ItemResult {
@@ -214,10 +216,16 @@ export async function runDatasets(datasets: readonly Dataset[], opts: RunOptions
       inputTokens: 0,
     };
     const results = byId.get(job.run)!;
+    const readings = new Map<string, QuestionReading>();
     try {
       const res = await opts.pipeline.run(
         { model: opts.model, state: job.items[0]!.state, questions },
-        { requestId: `eval-${job.run.dataset.name}-${job.pass}-${job.run.requests.length}`, orgId: "eval", timings },
+        {
+          requestId: `eval-${job.run.dataset.name}-${job.pass}-${job.run.requests.length}`,
+          orgId: "eval",
+          timings,
+          onReading: (id, r) => readings.set(id, r),
+        },
       );
       record.wallMs = performance.now() - t0;
       record.queueMs = timings.ms.queue ?? 0;
@@ -230,6 +238,8 @@ export async function runDatasets(datasets: readonly Dataset[], opts: RunOptions
         try {
           if (!a) throw new Error(`no answer for question "${it.id}"`);
           const readout = readAnswer(it, a, job.pass, opts.calibration);
+          const reading = readings.get(it.id);
+          if (reading) readout.reading = reading;
           if (job.pass === "main") r.main = readout;
           else r.flip = readout;
         } catch (e) {

@@ -4,7 +4,7 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import type { Timings } from "../pipeline/timings.js";
-import { answer, averageReadings, calibrationForMode, logSumExp } from "../probability/index.js";
+import { answer, averageReadings, calibrationForMode, logSumExp, type QuestionReading } from "../probability/index.js";
 import { buildPrompt, DEFAULT_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
 import {
   type Answer,
@@ -204,7 +204,10 @@ async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest,
   await shortlist(fam, lb, prepared, readings, fit, ctx);
   const t = performance.now();
   const answers: Record<string, Answer> = {};
-  prepared.questions.forEach((q, i) => (answers[q.id] = answer(q, readings[i]!, fit)));
+  prepared.questions.forEach((q, i) => {
+    ctx.onReading?.(q.id, readings[i]!);
+    answers[q.id] = answer(q, readings[i]!, fit);
+  });
   ctx.timings.add("probability", performance.now() - t);
   return answers;
 }
@@ -219,7 +222,7 @@ async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest,
  * reading. Measured in docs/experiments/readout-study.md. Unbilled, like the
  * debias presentations: the caller's question was read as sent.
  */
-async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, readings: number[][], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {
+async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, readings: QuestionReading[], fit: CalibrationFit | null, ctx: PipelineContext): Promise<void> {
   const k = shortlistSize(fam, lb);
   const src = prepared.source;
   const which = shortlisted(fam, lb, prepared);
@@ -230,7 +233,7 @@ async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequ
     const q = prepared.questions[i]!;
     const orig = src.questions[q.id];
     if (orig?.type !== "choice") return;
-    const lp = readings[i]!;
+    const lp = readings[i]!.lp;
     const top = lp.map((_, j) => j).sort((a, b) => lp[b]! - lp[a]!).slice(0, k);
     picks.set(i, top);
     sub[q.id] = { ...orig, criteria: Object.fromEntries(top.map((j) => [q.keys[j]!, orig.criteria[q.keys[j]!] ?? null])) };
@@ -243,12 +246,12 @@ async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequ
     const q = prepared.questions[i]!;
     const j = byId.get(q.id)!;
     const keys = second.questions[j]!.keys;
-    const z = logSumExp(readings[i]!);
-    const lp = readings[i]!.map((x) => x - z);
+    const z = logSumExp(readings[i]!.lp);
+    const lp = readings[i]!.lp.map((x) => x - z);
     const share = logSumExp(top.map((o) => lp[o]!));
-    const z2 = logSumExp(again[j]!);
-    keys.forEach((key, n) => (lp[q.keys.indexOf(key)] = share + again[j]![n]! - z2));
-    readings[i] = lp;
+    const z2 = logSumExp(again[j]!.lp);
+    keys.forEach((key, n) => (lp[q.keys.indexOf(key)] = share + again[j]!.lp[n]! - z2));
+    readings[i] = { lp, presentations: [lp], raw: lp, prior: null, shortlisted: true };
   }
 }
 
@@ -265,13 +268,21 @@ function shortlisted(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest)
   return prepared.questions.flatMap((q, i) => (q.type === "choice" && q.keys.length > Math.max(k, NUMBERED_MAX_OPTIONS) ? [i] : []));
 }
 
-/** Per question, its options' log-probabilities: every presentation read, the prior taken off, averaged. */
-async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<number[][]> {
+/**
+ * Per question, what was read: every presentation, the prior taken off,
+ * averaged (the answer's log-probabilities), and beside it each
+ * presentation, the average without the prior and the prior itself (what a
+ * confidence map reads, src/probability/confidence.ts).
+ */
+async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, fit: CalibrationFit | null, ctx: PipelineContext): Promise<QuestionReading[]> {
   const lps = await readBranches(fam.engine, lb, prepared, passLimit(lb, fam.maxPackedTokens), ctx);
   const priors = await readPriors(fam, lb, prepared, fit, ctx);
+  const mean = (rs: number[][]) => (rs.length === 1 ? rs[0]! : averageReadings(rs));
   return prepared.questions.map((q) => {
     const w = fit?.prior?.[q.type] ?? 0;
-    const readings = q.blocks.map((b, j) => {
+    const raw: number[][] = [];
+    const content: number[][] = [];
+    const presentations = q.blocks.map((b, j) => {
       const option = q.blockOptions?.[j] ?? q.option;
       // Score level names differ in length ("negative", "very negative"):
       // a level is read by its mean log-probability per token, so that a
@@ -279,10 +290,20 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
       const perToken = (xs: readonly number[]) =>
         q.type === "score" ? xs.map((x, l) => x / Math.max(1, prepared.encoded[b]!.labels[l]!.length)) : xs;
       const lp = optionLogprobs(q, perToken(lps[b]!), option);
+      raw.push(lp);
       const prior = priors.get(b);
-      return prior && w > 0 ? subtractPrior(lp, optionLogprobs(q, perToken(prior), option), w) : lp;
+      if (!(prior && w > 0)) return lp;
+      const p = optionLogprobs(q, perToken(prior), option);
+      content.push(p);
+      return subtractPrior(lp, p, w);
     });
-    return readings.length === 1 ? readings[0]! : averageReadings(readings);
+    return {
+      lp: mean(presentations),
+      presentations,
+      raw: mean(raw),
+      prior: content.length === presentations.length ? mean(content) : null,
+      shortlisted: false,
+    };
   });
 }
 

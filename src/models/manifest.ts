@@ -41,6 +41,18 @@ export const CalibrationFit = z.looseObject({
   demonstrations: z.boolean().optional(),
   /** ASSAY_DEBIAS mode the choice/score temperatures and top-label maps were fitted under. */
   debias: z.string().optional(),
+  /**
+   * Confidence maps per question type (src/probability/confidence.ts): a logistic model over features
+   * of the readings. Where a type has one it replaces that type's Platt and top-label maps (its
+   * temperature still shares out the other options). Fitted under `debias` and `prior` like them.
+   */
+  confidence: z
+    .object({
+      noul: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
+      choice: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
+      score: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
+    })
+    .optional(),
   data: z.array(z.string()).default([]),
 });
 export type CalibrationFit = z.infer<typeof CalibrationFit>;

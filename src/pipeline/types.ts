@@ -1,6 +1,7 @@
 import type { RequestDeadline } from "../inference/work.js";
 import type { RequestEnvelope, SystemOneResponse } from "../validate/schema.js";
 import type { Timings } from "./timings.js";
+import type { QuestionReading } from "../probability/confidence.js";
 
 export interface PipelineContext {
   requestId: string;
@@ -27,6 +28,12 @@ export interface PipelineContext {
    * Throwing (e.g. a 402 AssayError) ends the request with that error.
    */
   admit?: (inputTokens: number) => Promise<void> | void;
+  /**
+   * Offline tools only (`assay eval`, the confidence fit): called with what the engine read for each
+   * general question before its answer is made, so that a map can be fitted on the readings the
+   * server answers from. The HTTP route never sets it.
+   */
+  onReading?: (questionId: string, reading: QuestionReading) => void;
 }
 
 export interface ModelListing {

@@ -1,8 +1,10 @@
 import type { Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer } from "../validate/schema.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import { calibrateNoul, logit, sigmoid, type CalibrationMaps, type Platt } from "./calibration.js";
+import { applyConfidenceMap, featuresFor, singleReading, type ConfidenceMap, type ConfidenceMaps, type QuestionReading } from "./confidence.js";
 
 export * from "./calibration.js";
+export * from "./confidence.js";
 
 /**
  * Log-probabilities of each question's labels → the spec's answers.
@@ -119,11 +121,31 @@ export function labelProbabilities(lp: readonly number[], t: number, map: Platt 
   const c = 1 / z;
   const rest = 1 - q[m]!;
   if (!(c > 0 && c < 1) || !(rest > 0)) return q;
+  return withTop(q, m, sigmoid(map.a * logit(c) + map.b));
+}
+
+/**
+ * `q` (a distribution) with its option m set to `top` and the others sharing
+ * the rest in their proportions. `top` is floored just above where the
+ * runner-up would catch up (p_m > q₂·(1 − p_m)/(1 − q_m)): an exact tie would
+ * hand the answer to whichever option is listed first, and a map must change
+ * how sure the answer is, never the answer.
+ */
+function withTop(q: readonly number[], m: number, top: number): number[] {
+  const rest = 1 - q[m]!;
+  if (!(rest > 0) || !Number.isFinite(top)) return [...q];
   let second = 0;
   for (let i = 0; i < q.length; i++) if (i !== m && q[i]! > second) second = q[i]!;
   const floor = (second / (rest + second)) * (1 + 1e-9);
-  const top = Math.max(sigmoid(map.a * logit(c) + map.b), floor);
-  return q.map((x, i) => (i === m ? top : (x * (1 - top)) / rest));
+  const p = Math.max(top, floor);
+  return q.map((x, i) => (i === m ? p : (x * (1 - p)) / rest));
+}
+
+/** A choice/score question's probabilities under a confidence map: softmax(lp / T), its argmax's probability set by the map. */
+export function mappedProbabilities(lp: readonly number[], t: number, map: ConfidenceMap, reading: QuestionReading): number[] {
+  const q = softmax(lp, t);
+  if (q.length < 2) return q;
+  return withTop(q, argmax(lp), applyConfidenceMap(map, featuresFor("choice", reading)));
 }
 
 /**
@@ -149,14 +171,20 @@ export function noulAnswer(lp: readonly number[], fit?: CalibrationMaps | null, 
 }
 
 export function choiceAnswer(keys: readonly string[], lp: readonly number[], t = 1, top?: Platt): ChoiceAnswer {
-  const p = labelProbabilities(lp, t, top);
+  return choiceFrom(keys, labelProbabilities(lp, t, top));
+}
+
+function choiceFrom(keys: readonly string[], p: readonly number[]): ChoiceAnswer {
   const probabilities: Record<string, number> = {};
   keys.forEach((k, i) => (probabilities[k] = p[i]!));
   return { type: "choice", choice: keys[argmax(p)]!, probabilities, confidence: choiceConfidence(p) };
 }
 
 export function scoreAnswer(levels: readonly string[], lp: readonly number[], t = 1, top?: Platt): ScoreAnswer {
-  const p = labelProbabilities(lp, t, top);
+  return scoreFrom(levels, labelProbabilities(lp, t, top));
+}
+
+function scoreFrom(levels: readonly string[], p: readonly number[]): ScoreAnswer {
   const probabilities: Record<string, number> = {};
   const legend: Record<string, string> = {};
   let score = 0;
@@ -175,14 +203,31 @@ export interface QuestionReadout {
   levels?: readonly string[];
 }
 
-export function answer(q: QuestionReadout, lp: readonly number[], fit: CalibrationMaps | null | undefined): Answer {
+/**
+ * The answer to a question from what the engine read for it. A type with a
+ * confidence map (confidence.ts) is answered through it; otherwise through
+ * its temperature, top-label and Platt maps. A question with more options
+ * than the debiasing shows in every order (read once, then shortlisted) keeps
+ * its own regime's maps: no confidence map was fitted on that readout.
+ */
+export function answer(
+  q: QuestionReadout,
+  read: QuestionReading | readonly number[],
+  fit: (CalibrationMaps & { confidence?: ConfidenceMaps | undefined }) | null | undefined,
+): Answer {
+  const reading = "lp" in read ? read : singleReading(read);
+  const lp = reading.lp;
   const t = temperatureFor(fit, q.type, lp.length);
+  const map = reading.shortlisted ? undefined : fit?.confidence?.[q.type];
   switch (q.type) {
     case "noul":
+      if (map) return { type: "noul", noul: applyConfidenceMap(map, featuresFor("noul", reading)) };
       return noulAnswer(lp, fit);
     case "choice":
+      if (map) return choiceFrom(q.keys, mappedProbabilities(lp, t, map, reading));
       return choiceAnswer(q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
     case "score":
+      if (map) return scoreFrom(q.levels ?? q.keys, mappedProbabilities(lp, t, map, reading));
       return scoreAnswer(q.levels ?? q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
   }
 }

@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Writes assay's own labelled question sets: the kinds of question a caller of a
+routing or moderation API asks, which the public dev sets lack (a choice with a
+description per option, a noul about a message's tone or content, a score whose
+levels are described and follow a stated rule). Each item is assembled from
+templates by a seeded generator, and its label follows from the parts it was
+built from, so the rule behind every label is in this file.
+
+Each set is one kind of question, written to its own file, so that fitting on
+the others and scoring on it (leave-one-dataset-out) asks whether a map
+carries to a kind it has not seen. `--sets after-fit` writes the kinds
+written after the confidence maps were fitted (no map has seen them).
+
+    python3 scripts/question_sets.py --out bench/data [--sets fit|after-fit|all]
+"""
+import argparse
+import json
+import os
+import random
+
+NAMES = ["Dana", "Luis", "Priya", "Tom", "Aiko", "Marta", "Kwame", "Sofia", "Ben", "Yusuf", "Elena", "Chris", "Nora", "Ivan", "Grace", "Omar"]
+PRODUCTS = ["the Pro plan", "the mobile app", "the desktop client", "the Basic plan", "the API", "the web dashboard", "the team workspace", "the analytics add-on"]
+ITEMS = ["a pair of hiking boots", "a coffee grinder", "a desk lamp", "two phone cases", "a winter jacket", "a blender", "a set of headphones", "a backpack"]
+
+
+def order_no(r):
+    return f"#{r.randint(10000, 99999)}"
+
+
+def money(r):
+    return f"${r.randint(9, 240)}.{r.choice(['00', '50', '99', '49'])}"
+
+
+# ---- support tickets -------------------------------------------------------
+
+QUEUES = {
+    "billing": "charges, invoices, refunds of a payment, wrong or double charges, payment methods",
+    "technical": "the product not working: errors, crashes, bugs, features that fail",
+    "shipping": "physical orders in transit: delivery dates, tracking, lost or late parcels",
+    "account": "logging in, passwords, two-factor codes, changing the account's email or owner",
+    "returns": "sending a physical item back, exchanges, damaged or wrong items received",
+    "sales": "buying more: prices of plans, quotes, upgrades, discounts for teams",
+}
+
+QUEUE_BODIES = {
+    "billing": [
+        "I was charged {money} twice for {product} this month.",
+        "My invoice for {product} shows {money} but my plan costs less than that.",
+        "Can you refund the {money} charge from last week? I cancelled {product} before the renewal.",
+        "My card was declined when paying for {product}, but the bank says nothing is wrong.",
+        "I need a copy of the invoice for order {order} for my accountant, and the VAT number is missing on it.",
+        "There is a charge of {money} on my statement that I do not recognise.",
+        "Please switch the payment for {product} from my credit card to a bank transfer.",
+        "You charged me for {product} after I downgraded to the free tier.",
+    ],
+    "technical": [
+        "{product} crashes every time I open the settings page.",
+        "When I export a report from {product} I get 'Error 500' and nothing downloads.",
+        "Since the last update, {product} no longer syncs my files.",
+        "The search in {product} returns no results even for things I know are there.",
+        "Notifications from {product} stopped arriving two days ago.",
+        "Uploading an image in {product} freezes the page at 99%.",
+        "{product} shows a blank white screen after I sign in.",
+        "The graphs in {product} show yesterday's data even after a refresh.",
+    ],
+    "shipping": [
+        "My order {order} ({item}) was supposed to arrive on Monday and it still has not come.",
+        "The tracking number for order {order} has not updated in six days.",
+        "The courier marked order {order} as delivered, but there is no parcel at my door.",
+        "Can you tell me when {item} from order {order} will be dispatched?",
+        "I need order {order} delivered to my office instead of my home address, it is still in transit.",
+        "Order {order} has been stuck at the sorting centre for a week.",
+        "The delivery estimate for {item} keeps moving back. Where is it?",
+    ],
+    "account": [
+        "I cannot log in: the password reset email never arrives.",
+        "My two-factor codes are rejected since I changed phones.",
+        "I want to change the email address on my account to a new one.",
+        "Someone else in my company needs to become the owner of our account, I am leaving.",
+        "My account was locked after too many login attempts.",
+        "I signed up twice by mistake and want to merge the two accounts.",
+        "How do I turn off two-factor authentication? I lost my old phone.",
+    ],
+    "returns": [
+        "{item} from order {order} arrived broken and I would like to send it back.",
+        "I received {item} in the wrong size. Can I exchange it?",
+        "I want to return {item} (order {order}); it is unused and still in the box.",
+        "You sent me {item} instead of what I ordered in order {order}.",
+        "How do I print a return label for order {order}?",
+        "The zip on {item} broke after one day, I want an exchange.",
+        "I sent {item} back two weeks ago; has the return for order {order} been received?",
+    ],
+    "sales": [
+        "What would {product} cost for a team of {n} people?",
+        "Do you offer a discount for non-profits on {product}?",
+        "We want to upgrade from {product} to the Enterprise plan. Can someone send a quote?",
+        "Is there a yearly price for {product} that is cheaper than paying monthly?",
+        "We are comparing vendors: can you send pricing for {n} seats and a volume discount?",
+        "Can we add {n} more users to {product} and what will that cost?",
+        "I would like a demo of {product} before our company buys it.",
+    ],
+}
+
+ANGRY_OPENERS = [
+    "This is unacceptable.", "I am furious.", "Seriously, AGAIN?", "I have had enough of this.",
+    "Your service is a joke.", "I am extremely angry right now.", "What a disgrace.", "I'm fed up.",
+]
+ANGRY_CLOSERS = [
+    "Fix it NOW or I am leaving for a competitor.", "I expect an answer today, not another useless template.",
+    "This is the worst support I have ever dealt with.", "If this is not sorted I will dispute the payment and post a review everywhere.",
+    "Do your job.", "I am done being patient.", "Absolutely ridiculous.",
+]
+CALM_OPENERS = ["Hi there,", "Hello,", "Good morning,", "Hi team,", "Hello support,", "Hi,", "Dear support team,"]
+CALM_CLOSERS = [
+    "Thanks in advance for your help!", "No rush, whenever you get a chance.", "Thank you, have a nice day.",
+    "Thanks a lot.", "I appreciate your help.", "Many thanks.", "Kind regards.",
+]
+
+
+def balanced(r, classes, n):
+    """n labels, the classes as even as n allows, in a shuffled order: a spread subset (eval --limit) keeps the mix."""
+    out = [classes[i % len(classes)] for i in range(n)]
+    r.shuffle(out)
+    return out
+
+
+def fill(r, template):
+    return template.format(money=money(r), product=r.choice(PRODUCTS), order=order_no(r), item=r.choice(ITEMS), n=r.choice([5, 12, 25, 40, 80, 150]))
+
+
+def ticket(r, queue, angry):
+    body = fill(r, r.choice(QUEUE_BODIES[queue]))
+    name = r.choice(NAMES)
+    if angry:
+        text = f"{r.choice(ANGRY_OPENERS)} {body} {r.choice(ANGRY_CLOSERS)}\n{name}"
+    else:
+        text = f"{r.choice(CALM_OPENERS)}\n{body} {r.choice(CALM_CLOSERS)}\n{name}"
+    return text
+
+
+def tickets_queue(r, n):
+    keys = list(QUEUES)
+    rows = []
+    for i, queue in enumerate(balanced(r, keys, n)):
+        rows.append({
+            "id": f"tickets-queue-{i}",
+            "source": "assay scripts/question_sets.py (generated support tickets)",
+            "text": ticket(r, queue, r.random() < 0.4),
+            "question": "Which support queue should this ticket be routed to?",
+            "options": keys,
+            "descriptions": QUEUES,
+            "label": queue,
+        })
+    return rows
+
+
+def tickets_angry(r, n):
+    rows = []
+    keys = list(QUEUES)
+    for i, angry in enumerate(balanced(r, [True, False], n)):
+        rows.append({
+            "id": f"tickets-angry-{i}",
+            "source": "assay scripts/question_sets.py (generated support tickets)",
+            "text": ticket(r, r.choice(keys), angry),
+            "question": "Is the customer angry?",
+            "answer": angry,
+        })
+    return rows
+
+
+# Priority follows a policy stated in the question; a ticket's level is the scenario it was built from.
+PRIORITY_LEVELS = [
+    "0 - none: no action is needed (thanks, feedback, an update that needs no reply)",
+    "1 - low: a question or request with no impact on the customer's work",
+    "2 - normal: something is broken but the customer has a workaround",
+    "3 - high: one customer is blocked from working or is losing money now",
+    "4 - critical: an outage or a security problem affecting many users",
+]
+PRIORITY_SCENARIOS = [
+    [
+        "Just wanted to say the new dashboard in {product} looks great.",
+        "The issue from last week is solved, you can close my ticket.",
+        "Thanks for the quick fix yesterday, everything works.",
+        "FYI, we renamed our team in {product}; nothing for you to do.",
+        "Great webinar last Thursday, thank you to the whole team.",
+    ],
+    [
+        "Is there a keyboard shortcut to archive items in {product}?",
+        "Could you tell me where to find the export settings in {product}? Just curious.",
+        "Out of interest, do you plan a dark mode for {product}?",
+        "How do I change the language of my notification emails? No hurry.",
+        "Where can I read about the new features in {product}?",
+    ],
+    [
+        "The export button in {product} fails, but copying the table by hand works for now.",
+        "Images do not load in {product} on Firefox; Chrome works, so I am using that meanwhile.",
+        "Search in {product} misses some items, I can still find them by scrolling.",
+        "The reminder emails from {product} arrive an hour late, which is annoying but manageable.",
+        "Sorting by date is broken in {product}; filtering still lets me find what I need.",
+    ],
+    [
+        "I cannot log in to {product} at all and I have a client presentation in two hours.",
+        "{product} rejects every payment from my shop since this morning, I am losing sales.",
+        "My account is locked and I cannot do any of my work until it is unlocked.",
+        "All my projects disappeared from {product} and I cannot work without them.",
+        "Invoices to my customers fail to send from {product}; I cannot get paid until it works.",
+    ],
+    [
+        "{product} is down for our whole company, about {n} people, nobody can sign in.",
+        "We think someone got into our account: strangers' logins appear and data was deleted for all our users.",
+        "Your API has returned errors for every customer of ours for the last hour.",
+        "Every user in our workspace sees other customers' files in {product}. This is a data leak.",
+        "The service is completely unreachable for all {n} of our staff.",
+    ],
+]
+
+
+def tickets_priority(r, n):
+    rows = []
+    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
+        body = fill(r, r.choice(PRIORITY_SCENARIOS[level]))
+        text = f"{r.choice(CALM_OPENERS)}\n{body} {r.choice(CALM_CLOSERS)}\n{r.choice(NAMES)}"
+        rows.append({
+            "id": f"tickets-priority-{i}",
+            "source": "assay scripts/question_sets.py (generated support tickets)",
+            "text": text,
+            "question": "What priority does this ticket get under our support policy? Rate by the impact described, not by the tone.",
+            "levels": PRIORITY_LEVELS,
+            "level": level,
+        })
+    return rows
+
+
+# ---- messages: does it share contact details (a moderation rule) -----------
+
+CHAT_PLAIN = [
+    "Hey, are we still on for the game on Saturday?",
+    "The package came today, thanks for sending it so fast.",
+    "Can you bring the blue folder to the meeting tomorrow?",
+    "I loved the photos from the trip, the lake looks amazing.",
+    "Sorry I missed your call, I was in the cinema.",
+    "Let's meet at the cafe near the station at 6.",
+    "Did you finish the report? The boss asked about it.",
+    "My flight lands at 9:40, see you at arrivals.",
+    "The recipe needs two eggs, not three, I checked.",
+    "Happy birthday! Hope you have a great day.",
+]
+CONTACT_BITS = [
+    "Call me on {phone} when you are free.",
+    "My number is {phone}, text me.",
+    "Write to me at {email} instead of here.",
+    "Send the files to {email}.",
+    "You can reach me directly: {phone}.",
+    "My personal email is {email}, add me there.",
+]
+NUMBER_DECOYS = [
+    "I scored 42 points in the last round.",
+    "The meeting is in room 305 at 14:30.",
+    "Order 88213 should arrive by the 12th.",
+    "It costs 19.99 and there are 3 left.",
+    "Version 2.4.1 fixed the bug.",
+]
+
+
+def contact(r):
+    if r.random() < 0.5:
+        return f"+{r.randint(1, 49)} {r.randint(100, 999)} {r.randint(100, 999)} {r.randint(1000, 9999)}"
+    return f"{r.choice(NAMES).lower()}.{r.choice(['mail', 'post', 'home'])}{r.randint(1, 99)}@{r.choice(['example.com', 'mailbox.org', 'inbox.net'])}"
+
+
+def messages_contact(r, n):
+    rows = []
+    for i, shares in enumerate(balanced(r, [True, False], n)):
+        parts = [r.choice(CHAT_PLAIN)]
+        if r.random() < 0.5:
+            parts.append(r.choice(NUMBER_DECOYS))
+        if shares:
+            bit = r.choice(CONTACT_BITS)
+            parts.insert(r.randint(0, len(parts)), bit.format(phone=contact(r) if "{phone}" in bit else "", email=contact(r) if "{email}" in bit else ""))
+        rows.append({
+            "id": f"messages-contact-{i}",
+            "source": "assay scripts/question_sets.py (generated chat messages)",
+            "text": " ".join(parts),
+            "question": "Does the message share a phone number or an email address?",
+            "answer": shares,
+        })
+    # An email written with a phone-number slot would leave an empty slot: rebuild those.
+    for row in rows:
+        row["text"] = row["text"].replace("  ", " ")
+    return rows
+
+
+# ---- internal requests: which department ----------------------------------
+
+DEPARTMENTS = {
+    "hr": "people matters: leave, hiring, contracts, payslips questions, benefits",
+    "it": "computers, accounts, software licences, printers, network access",
+    "facilities": "the building: desks, rooms, heating, cleaning, keys and parking",
+    "finance": "expenses, purchase orders, supplier invoices, budgets",
+    "legal": "contracts with other companies, NDAs, compliance, trademarks",
+}
+DEPARTMENT_REQUESTS = {
+    "hr": [
+        "I would like to take parental leave from {month}; what do I need to submit?",
+        "We want to hire a second designer for the team, how do I open the position?",
+        "My contract says 30 days of holiday but the system shows 25.",
+        "Can I switch my health insurance plan before the end of the year?",
+        "A new colleague starts on {month} 1st and needs an onboarding plan.",
+    ],
+    "it": [
+        "My laptop will not connect to the office VPN since this morning.",
+        "I need a licence for the video editing software for a project.",
+        "The printer on the third floor prints blank pages.",
+        "Please give the new intern access to the shared drive.",
+        "My email keeps asking for my password every five minutes.",
+    ],
+    "facilities": [
+        "The heating in meeting room B is broken and it is freezing.",
+        "Can we book the large room for an all-hands on {month} 14th and set up chairs for {n}?",
+        "I lost my office key and cannot get into the storage room.",
+        "The kitchen on floor two has not been cleaned for days.",
+        "I need a parking space for a visitor tomorrow morning.",
+    ],
+    "finance": [
+        "I paid {money} for a client dinner; how do I get reimbursed?",
+        "Our supplier says their invoice from {month} is still unpaid.",
+        "I need a purchase order for {money} of lab equipment.",
+        "How much of the marketing budget is left for this quarter?",
+        "My expense report was rejected and I do not know why.",
+    ],
+    "legal": [
+        "A partner company sent us an NDA to sign before the meeting, can someone review it?",
+        "We want to register our new product name as a trademark.",
+        "The vendor contract renews automatically on {month} 1st; can we still get out of it?",
+        "Does our new newsletter sign-up form comply with data protection rules?",
+        "A customer is asking us to change the liability clause in their contract.",
+    ],
+}
+MONTHS = ["March", "April", "June", "September", "October", "November"]
+
+
+def requests_department(r, n):
+    keys = list(DEPARTMENTS)
+    rows = []
+    for i, dept in enumerate(balanced(r, keys, n)):
+        body = r.choice(DEPARTMENT_REQUESTS[dept]).format(month=r.choice(MONTHS), n=r.choice([20, 45, 80]), money=money(r))
+        text = f"From: {r.choice(NAMES)} ({r.choice(['Marketing', 'Engineering', 'Sales', 'Operations', 'Design'])})\n{body}"
+        rows.append({
+            "id": f"requests-department-{i}",
+            "source": "assay scripts/question_sets.py (generated internal requests)",
+            "text": text,
+            "question": "Which department should handle this internal request?",
+            "options": keys,
+            "descriptions": DEPARTMENTS,
+            "label": dept,
+        })
+    return rows
+
+
+FIT_SETS = {
+    "choice_tickets_queue": (tickets_queue, 120),
+    "noul_tickets_angry": (tickets_angry, 120),
+    "score_tickets_priority": (tickets_priority, 100),
+    "noul_messages_contact": (messages_contact, 120),
+    "choice_requests_department": (requests_department, 100),
+}
+
+AFTER_FIT_SETS: dict = {}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sets", choices=["fit", "after-fit", "all"], default="all")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    sets = {**(FIT_SETS if args.sets in ("fit", "all") else {}), **(AFTER_FIT_SETS if args.sets in ("after-fit", "all") else {})}
+    for name, (make, n) in sets.items():
+        # One generator per set, seeded by its name: adding a set changes no other.
+        r = random.Random(name)
+        rows = make(r, n)
+        with open(os.path.join(args.out, f"{name}.jsonl"), "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"{name}: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+/**
+ * Fitting and judging the confidence maps (src/probability/confidence.ts):
+ * per question type, a logistic model over features of the readings, fitted
+ * with every set weighing the same (a set of 300 rows must not outvote a new
+ * kind of question of 100) and judged leave-one-dataset-out, the test of
+ * whether it carries to a kind of question it never saw.
+ */
+import type { CalibrationMaps, ConfidenceMap, QuestionReading } from "../probability/index.js";
+import { answer, applyConfidenceMap, featuresFor } from "../probability/index.js";
+import type { FitItem } from "./calibrate.js";
+import { eceFloor } from "./calibrate.js";
+import { argmaxIndex, mean, reliability } from "./metrics.js";
+
+export type MapType = "noul" | "choice" | "score";
+
+/**
+ * Candidate feature sets per type, from the one-feature map that a Platt or
+ * top-label map amounts to, up to every feature. Which one ships is decided by
+ * the pooled leave-one-dataset-out ECE.
+ */
+export const CANDIDATES: Record<MapType, string[][]> = {
+  noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"]],
+  choice: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
+  score: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
+};
+
+/** One question as the confidence fit sees it. */
+export interface ConfidenceItem {
+  dataset: string;
+  type: MapType;
+  features: Record<string, number>;
+  /** noul: the gold answer is "true"; choice/score: the chosen option is gold. */
+  y: boolean;
+  /** noul: the gold answer (for the accuracy of p > 0.5); choice/score: the same as y. */
+  gold: boolean;
+}
+
+/** The items a confidence map can be fitted on: those with a reading, not shortlisted (that regime keeps its own maps). */
+export function confidenceItems(items: readonly FitItem[]): ConfidenceItem[] {
+  const out: ConfidenceItem[] = [];
+  for (const it of items) {
+    if (!it.reading || it.reading.shortlisted) continue;
+    const features = featuresFor(it.type, it.reading);
+    const y = it.type === "noul" ? it.gold === 0 : argmaxIndex(it.reading.lp) === it.gold;
+    out.push({ dataset: it.dataset, type: it.type, features, y, gold: it.type === "noul" ? it.gold === 0 : y });
+  }
+  return out;
+}
+
+/** Solves A x = b (A small and symmetric positive definite) by Gaussian elimination with partial pivoting. */
+function solve(a: number[][], b: number[]): number[] {
+  const n = b.length;
+  const m = a.map((row, i) => [...row, b[i]!]);
+  for (let c = 0; c < n; c++) {
+    let p = c;
+    for (let r = c + 1; r < n; r++) if (Math.abs(m[r]![c]!) > Math.abs(m[p]![c]!)) p = r;
+    [m[c], m[p]] = [m[p]!, m[c]!];
+    const d = m[c]![c]!;
+    if (Math.abs(d) < 1e-12) continue;
+    for (let r = 0; r < n; r++) {
+      if (r === c) continue;
+      const f = m[r]![c]! / d;
+      for (let k = c; k <= n; k++) m[r]![k]! -= f * m[c]![k]!;
+    }
+  }
+  return m.map((row, i) => (Math.abs(row[i]!) < 1e-12 ? 0 : row[n]! / row[i]!));
+}
+
+/**
+ * Weights that make every set count the same in total and, for noul, its two
+ * classes the same within it (the sets' label mixes are the sets', not the
+ * callers'; balancedWeights in fitting.ts argues the same for the Platt map).
+ */
+export function setWeights(items: readonly ConfidenceItem[]): number[] {
+  const count = new Map<string, number>();
+  const key = (it: ConfidenceItem) => (it.type === "noul" ? `${it.dataset}\u0000${it.y}` : it.dataset);
+  for (const it of items) count.set(key(it), (count.get(key(it)) ?? 0) + 1);
+  return items.map((it) => 1 / count.get(key(it))!);
+}
+
+/**
+ * Weighted L2-penalised logistic regression by Newton's method: the bias is
+ * not penalised; `l2` is per unit of total weight, so it does not depend on
+ * how many sets there are.
+ */
+export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2): ConfidenceMap {
+  const w = setWeights(items);
+  const total = w.reduce((s, x) => s + x, 0);
+  const x = items.map((it) => [1, ...features.map((f) => it.features[f] ?? 0)]);
+  const d = features.length + 1;
+  let beta = new Array<number>(d).fill(0);
+  for (let iter = 0; iter < 50; iter++) {
+    const grad = new Array<number>(d).fill(0);
+    const hess = Array.from({ length: d }, () => new Array<number>(d).fill(0));
+    items.forEach((it, i) => {
+      const xi = x[i]!;
+      let s = 0;
+      for (let j = 0; j < d; j++) s += beta[j]! * xi[j]!;
+      const p = 1 / (1 + Math.exp(-s));
+      const wi = w[i]! / total;
+      const r = p - (it.y ? 1 : 0);
+      const h = Math.max(p * (1 - p), 1e-9) * wi;
+      for (let j = 0; j < d; j++) {
+        grad[j]! += wi * r * xi[j]!;
+        for (let k = 0; k < d; k++) hess[j]![k]! += h * xi[j]! * xi[k]!;
+      }
+    });
+    for (let j = 1; j < d; j++) {
+      grad[j]! += l2 * beta[j]!;
+      hess[j]![j]! += l2;
+    }
+    const step = solve(hess, grad);
+    beta = beta.map((b, j) => b - step[j]!);
+    if (Math.max(...step.map(Math.abs)) < 1e-9) break;
+  }
+  return { bias: beta[0]!, weights: Object.fromEntries(features.map((f, j) => [f, beta[j + 1]!])) };
+}
+
+export interface ConfidenceScore {
+  n: number;
+  /** noul: of p > 0.5 against the gold answer; choice/score: of the chosen option (a map never changes it). */
+  accuracy: number | null;
+  /** The mean probability of the answer given (noul: max(p, 1 − p)). */
+  meanConfidence: number | null;
+  ece: number | null;
+  /** What a calibrated model with these confidences would show at this n (eceFloor). */
+  floor: number | null;
+}
+
+/** Probability of the predicted class and whether it is right, for a type: noul reads p as P(true). */
+function predicted(it: ConfidenceItem, p: number): { confidence: number; correct: boolean } {
+  if (it.type !== "noul") return { confidence: p, correct: it.y };
+  return { confidence: Math.max(p, 1 - p), correct: p > 0.5 === it.gold };
+}
+
+export function scoreConfidence(items: readonly ConfidenceItem[], p: readonly number[]): ConfidenceScore {
+  const pred = items.map((it, i) => predicted(it, p[i]!));
+  const conf = pred.map((x) => x.confidence);
+  return {
+    n: items.length,
+    accuracy: mean(pred.map((x) => (x.correct ? 1 : 0))),
+    meanConfidence: mean(conf),
+    ece: reliability(conf, pred.map((x) => x.correct)).ece,
+    floor: eceFloor(conf),
+  };
+}
+
+export interface ConfidenceRow {
+  dataset: string;
+  type: MapType;
+  /** The maps shipped before (the file's temperature, top-label and Platt maps) on the same readings. */
+  shipped: ConfidenceScore;
+  /** The confidence map fitted on the other sets of the type. */
+  heldOut: ConfidenceScore;
+}
+
+/** Each set scored by the map fitted on the other sets of its type with `features`. */
+export function leaveOneDatasetOutConfidence(items: readonly ConfidenceItem[], features: readonly string[]): Map<string, number[]> {
+  const out = new Map<string, number[]>();
+  for (const ds of new Set(items.map((it) => it.dataset))) {
+    const mine = items.filter((it) => it.dataset === ds);
+    const train = items.filter((it) => it.dataset !== ds && it.type === mine[0]!.type);
+    if (train.length === 0) continue;
+    const map = fitConfidenceMap(train, features);
+    out.set(ds, mine.map((it) => applyConfidenceMap(map, it.features)));
+  }
+  return out;
+}
+
+/** The pooled (n-weighted) leave-one-dataset-out ECE of a feature set, over the sets of a type. */
+function pooledEce(items: readonly ConfidenceItem[], held: Map<string, number[]>): number {
+  let sum = 0;
+  let n = 0;
+  for (const [ds, p] of held) {
+    const mine = items.filter((it) => it.dataset === ds);
+    sum += (scoreConfidence(mine, p).ece ?? 0) * mine.length;
+    n += mine.length;
+  }
+  return n > 0 ? sum / n : Infinity;
+}
+
+export interface ConfidenceFit {
+  /** The maps to ship, per type (a type whose map did not beat the shipped maps held out is absent). */
+  maps: Partial<Record<MapType, ConfidenceMap>>;
+  /** Per type, the feature set chosen and the pooled held-out ECE of each candidate and of the shipped maps. */
+  choice: Partial<Record<MapType, { features: string[]; candidates: { features: string[]; ece: number }[]; shipped: number; ships: boolean }>>;
+  rows: ConfidenceRow[];
+}
+
+/** The answer's probability of the predicted class (choice/score) or of "true" (noul) under the shipped maps. */
+export function shippedProbability(it: FitItem, maps: CalibrationMaps | null): number {
+  const reading = it.reading as QuestionReading;
+  const keys = reading.lp.map((_, i) => String(i));
+  const a = answer({ type: it.type, keys }, reading, maps);
+  if (a.type === "noul") return a.noul;
+  return Math.max(...Object.values(a.probabilities));
+}
+
+/**
+ * Fits every type's map: per type, each candidate feature set is judged by its
+ * pooled leave-one-dataset-out ECE, the best is fitted on every set and ships
+ * where it beats the maps shipped before, judged on the same readings. A type
+ * with fewer than two sets is not fitted (nothing to hold out).
+ */
+export function fitConfidence(fitItems: readonly FitItem[], shipped: CalibrationMaps | null): ConfidenceFit {
+  const withReading = fitItems.filter((it) => it.reading && !it.reading.shortlisted);
+  const items = confidenceItems(withReading);
+  const before = withReading.map((it) => shippedProbability(it, shipped));
+  const fit: ConfidenceFit = { maps: {}, choice: {}, rows: [] };
+  for (const type of ["noul", "choice", "score"] as const) {
+    const idx = items.flatMap((it, i) => (it.type === type ? [i] : []));
+    const mine = idx.map((i) => items[i]!);
+    if (new Set(mine.map((it) => it.dataset)).size < 2) continue;
+    const candidates = CANDIDATES[type].map((features) => ({ features, held: leaveOneDatasetOutConfidence(mine, features) }));
+    const scored = candidates.map((c) => ({ features: c.features, ece: pooledEce(mine, c.held) }));
+    const best = scored.reduce((a, b) => (b.ece < a.ece ? b : a));
+    const held = candidates[scored.indexOf(best)]!.held;
+    const shippedHeld = new Map<string, number[]>();
+    for (const i of idx) {
+      const ds = items[i]!.dataset;
+      shippedHeld.set(ds, [...(shippedHeld.get(ds) ?? []), before[i]!]);
+    }
+    const shippedEce = pooledEce(mine, shippedHeld);
+    const ships = best.ece < shippedEce;
+    fit.choice[type] = { features: best.features, candidates: scored, shipped: shippedEce, ships };
+    if (ships) fit.maps[type] = fitConfidenceMap(mine, best.features);
+    for (const [ds, p] of held) {
+      const set = mine.filter((it) => it.dataset === ds);
+      fit.rows.push({ dataset: ds, type, shipped: scoreConfidence(set, shippedHeld.get(ds)!), heldOut: scoreConfidence(set, p) });
+    }
+  }
+  return fit;
+}
+
+/** The table `assay calibrate` prints for the confidence maps. */
+export function confidenceTable(fit: ConfidenceFit): string {
+  const f = (x: number | null) => (x === null ? "–" : x.toFixed(3));
+  const lines = [
+    "| dataset | type | n | accuracy, shipped maps | mean p, shipped | ECE, shipped | accuracy, confidence map (LODO) | mean p (LODO) | ECE (LODO) | its floor |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ...fit.rows.map(
+      (r) =>
+        `| ${r.dataset} | ${r.type} | ${r.heldOut.n} | ${f(r.shipped.accuracy)} | ${f(r.shipped.meanConfidence)} | ${f(r.shipped.ece)} | ` +
+        `${f(r.heldOut.accuracy)} | ${f(r.heldOut.meanConfidence)} | ${f(r.heldOut.ece)} | ${f(r.heldOut.floor)} |`,
+    ),
+  ];
+  const notes = Object.entries(fit.choice).map(
+    ([type, c]) =>
+      `${type}: features ${c!.features.join(", ")} (pooled LODO ECE ${c!.candidates.map((x) => `[${x.features.join(",")}] ${x.ece.toFixed(3)}`).join("; ")}; shipped maps ${c!.shipped.toFixed(3)})` +
+      (c!.ships ? "" : ": not shipped, no better than the shipped maps"),
+  );
+  return [...lines, "", ...notes].join("\n") + "\n";
+}

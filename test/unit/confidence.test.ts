@@ -1,0 +1,136 @@
+import { describe, expect, it } from "vitest";
+import { answer, applyConfidenceMap, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
+import { confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
+import type { FitItem } from "../../src/eval/calibrate.js";
+import { mulberry32 } from "../../src/eval/calibrate.js";
+
+const log = (ps: number[]) => ps.map(Math.log);
+const reading = (presentations: number[][], prior: number[] | null = null): QuestionReading => {
+  const norm = (xs: number[]) => {
+    const m = Math.max(...xs);
+    const z = m + Math.log(xs.reduce((s, x) => s + Math.exp(x - m), 0));
+    return xs.map((x) => x - z);
+  };
+  const mean = (rs: number[][]) => norm(rs[0]!.map((_, i) => rs.reduce((s, r) => s + norm(r)[i]!, 0) / rs.length));
+  const raw = mean(presentations);
+  const lp = prior ? norm(raw.map((x, i) => x - norm(prior)[i]!)) : raw;
+  return { lp, presentations: presentations.map((p) => (prior ? norm(norm(p).map((x, i) => x - norm(prior)[i]!)) : norm(p))), raw, prior, shortlisted: false };
+};
+
+describe("optionFeatures", () => {
+  it("reads agreement, margin and the prior's pull about the chosen option", () => {
+    const agreeing = optionFeatures(reading([log([0.7, 0.2, 0.1]), log([0.6, 0.3, 0.1]), log([0.8, 0.1, 0.1])]));
+    const split = optionFeatures(reading([log([0.7, 0.2, 0.1]), log([0.2, 0.7, 0.1]), log([0.8, 0.1, 0.1])]));
+    expect(agreeing.agree).toBeCloseTo(1 - 1 / 3, 12);
+    expect(split.agree).toBeCloseTo(2 / 3 - 1 / 3, 12);
+    expect(agreeing.spread).toBeLessThan(split.spread!);
+    expect(agreeing.margin).toBeGreaterThan(0);
+    expect(agreeing.logk).toBeCloseTo(Math.log(3), 12);
+    // A prior that favoured the chosen option pulls toward it: pull > 0, and the raw reading is surer than the answer.
+    const pulled = optionFeatures(reading([log([0.7, 0.2, 0.1])], log([0.6, 0.2, 0.2])));
+    expect(pulled.pull).toBeCloseTo(Math.log(3 * 0.6), 9);
+    expect(pulled.raw).toBeGreaterThan(pulled.top!);
+    // One presentation, no prior: no agreement to read, no pull.
+    const single = optionFeatures(singleReading(log([0.5, 0.3, 0.2])));
+    expect(single.agree).toBe(0);
+    expect(single.pull).toBe(0);
+  });
+});
+
+describe("noulFeatures", () => {
+  it("signs every feature toward true", () => {
+    const f = noulFeatures(reading([log([0.8, 0.2]), log([0.6, 0.4])], log([0.3, 0.7])));
+    expect(f.raw).toBeGreaterThan(0);
+    expect(f.prior).toBeLessThan(0);
+    expect(f.agree).toBe(1);
+    expect(f.z).toBeCloseTo(f.raw! - f.prior!, 9);
+  });
+});
+
+describe("answer under a confidence map", () => {
+  const fitWith = (confidence: object) => ({ temperatures: {}, confidence }) as Parameters<typeof answer>[2];
+
+  it("sets the chosen option's probability and never changes the choice", () => {
+    const r = reading([log([0.4, 0.35, 0.25]), log([0.45, 0.3, 0.25])]);
+    const plain = answer({ type: "choice", keys: ["a", "b", "c"] }, r, null);
+    const mapped = answer({ type: "choice", keys: ["a", "b", "c"] }, r, fitWith({ choice: { bias: 2, weights: {} } }));
+    if (plain.type !== "choice" || mapped.type !== "choice") throw new Error("not a choice");
+    expect(mapped.choice).toBe(plain.choice);
+    expect(mapped.probabilities.a).toBeCloseTo(1 / (1 + Math.exp(-2)), 12);
+    // The others keep their proportions.
+    expect(mapped.probabilities.b! / mapped.probabilities.c!).toBeCloseTo(plain.probabilities.b! / plain.probabilities.c!, 9);
+    // A map that would put the chosen option below the runner-up is floored above it.
+    const low = answer({ type: "choice", keys: ["a", "b", "c"] }, r, fitWith({ choice: { bias: -5, weights: {} } }));
+    if (low.type !== "choice") throw new Error("not a choice");
+    expect(low.choice).toBe("a");
+    expect(low.probabilities.a).toBeGreaterThan(low.probabilities.b!);
+  });
+
+  it("answers noul from the map's probability of true", () => {
+    const r = reading([log([0.7, 0.3])], log([0.5, 0.5]));
+    const a = answer({ type: "noul", keys: ["true", "false"] }, r, fitWith({ noul: { bias: 0.5, weights: { raw: 1 } } }));
+    if (a.type !== "noul") throw new Error("not noul");
+    expect(a.noul).toBeCloseTo(1 / (1 + Math.exp(-(0.5 + Math.log(0.7 / 0.3)))), 9);
+  });
+
+  it("leaves a shortlisted question to its regime's maps", () => {
+    const r = { ...reading([log([0.6, 0.3, 0.1])]), shortlisted: true };
+    const a = answer({ type: "choice", keys: ["a", "b", "c"] }, r, fitWith({ choice: { bias: 5, weights: {} } }));
+    if (a.type !== "choice") throw new Error("not a choice");
+    expect(a.probabilities.a).toBeCloseTo(softmax(r.lp)[0]!, 12);
+  });
+});
+
+describe("fitting a confidence map", () => {
+  it("weighs every set the same, and noul classes the same within a set", () => {
+    const items: ConfidenceItem[] = [
+      ...Array.from({ length: 30 }, () => ({ dataset: "big", type: "choice" as const, features: {}, y: true, gold: true })),
+      ...Array.from({ length: 10 }, () => ({ dataset: "small", type: "choice" as const, features: {}, y: false, gold: false })),
+    ];
+    const w = setWeights(items);
+    expect(w.slice(0, 30).reduce((s, x) => s + x, 0)).toBeCloseTo(w.slice(30).reduce((s, x) => s + x, 0), 12);
+    // So an intercept-only map lands halfway between the sets, not at their pooled 0.75.
+    expect(applyConfidenceMap(fitConfidenceMap(items, []), {})).toBeCloseTo(0.5, 6);
+  });
+
+  it("recovers the logistic model the data were drawn from", () => {
+    const rand = mulberry32(7);
+    const items: ConfidenceItem[] = Array.from({ length: 4000 }, (_, i) => {
+      const top = rand() * 6 - 3;
+      const agree = rand();
+      const p = 1 / (1 + Math.exp(-(0.5 + 1.5 * top - 2 * agree)));
+      const y = rand() < p;
+      return { dataset: `set${i % 4}`, type: "choice", features: { top, agree }, y, gold: y };
+    });
+    const map = fitConfidenceMap(items, ["top", "agree"], 0);
+    expect(map.bias).toBeCloseTo(0.5, 0);
+    expect(map.weights.top).toBeCloseTo(1.5, 0);
+    expect(map.weights.agree).toBeCloseTo(-2, 0);
+  });
+
+  it("judges each set by a map fitted on the others, and ships a map that beats a flattening one", () => {
+    const rand = mulberry32(11);
+    // Three sets whose right answers the shipped maps (identity here) read far too flat:
+    // the averaged reading is near uniform, while the presentations agree when the answer is right.
+    const items: FitItem[] = [];
+    for (const dataset of ["a", "b", "c"]) {
+      for (let i = 0; i < 150; i++) {
+        const right = rand() < 0.85;
+        const gold = right ? 0 : 1;
+        const sure = right ? 0.45 : 0.3;
+        const pres = [0, 1, 2].map(() => log([sure + rand() * 0.05, (1 - sure) / 2, (1 - sure) / 2]));
+        const r = reading(pres);
+        items.push({ dataset, type: "choice", lp: r.lp, gold, reading: r });
+      }
+    }
+    const fit = fitConfidence(items, null);
+    const rows = fit.rows.filter((r) => r.type === "choice");
+    expect(rows.map((r) => r.dataset).sort()).toEqual(["a", "b", "c"]);
+    for (const r of rows) {
+      expect(r.heldOut.ece!).toBeLessThan(r.shipped.ece!);
+      expect(r.heldOut.accuracy).toBe(r.shipped.accuracy);
+    }
+    expect(fit.maps.choice).toBeDefined();
+    expect(confidenceItems(items).every((it) => it.type === "choice")).toBe(true);
+  });
+});
