@@ -62,6 +62,8 @@ export interface CalibrateCliOptions {
   demonstrations?: boolean;
   /** "choice": score files' rows read as choice questions over their level names. */
   readAs?: "choice";
+  /** Write the confidence maps alone: the file's temperatures, Platt and top-label maps stay as they are. */
+  confidenceOnly?: boolean;
 }
 
 /** `--read-as`: only "choice" (score rows as choice questions). */
@@ -434,8 +436,20 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     if (existing && existing.build_hash !== fit.build_hash) {
       io.stderr(`assay calibrate: ${file} held a fit for build ${existing.build_hash}; replaced whole (its other sections were for that build)\n`);
     }
+    if (opts.confidenceOnly && !(existing && existing.build_hash === fit.build_hash && confidence)) {
+      throw new Error("--confidence-only needs readings of this build (a run or --from-readouts of this version) and a fit file for it to add the maps to");
+    }
     // Types the data did not cover keep their maps: a refit of noul alone leaves choice and score as they were.
-    const merged = mergeFit(existing, fit, new Set(items.map((it) => it.type)));
+    const merged = opts.confidenceOnly
+      ? ({
+          ...existing,
+          confidence: fit.confidence,
+          confidence_validation: (fit as Record<string, unknown>)["confidence_validation"],
+          confidence_features: (fit as Record<string, unknown>)["confidence_features"],
+          confidence_data: header.data,
+          confidence_fitted_at: fit.fitted_at,
+        } as CalibrationFit)
+      : mergeFit(existing, fit, new Set(items.map((it) => it.type)));
     fs.mkdirSync(path.dirname(file), { recursive: true });
     fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
     io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
@@ -463,6 +477,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--demonstrations <on|off>", "show the worked examples before the state for the run (default: the shipped file's); the written file says which", parseOnOff)
     .option("--read-as <type>", "choice: read score files' rows as choice questions over their level names (a set of their own, <name>@choice: more sets for the choice maps' leave-one-dataset-out gate)", parseReadAs)
     .option("--from-readouts <files...>", "refit from --readouts files of earlier runs on this build (merged; each set once) instead of running the model")
+    .option("--confidence-only", "write the confidence maps alone (src/probability/confidence.ts), keeping the file's other maps as they are")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -489,6 +504,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         demonstrations?: boolean;
         fromReadouts?: string[];
         readAs?: "choice";
+        confidenceOnly?: boolean;
       }) => {
         if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE…)");
         const config = loadConfig(io.env);
@@ -528,6 +544,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
               debias: o.debias,
               shifts: o.shifts,
               readouts: o.readouts,
+              confidenceOnly: o.confidenceOnly,
               readAs: o.readAs,
               fromResults: o.fromResults,
               prior: o.prior,

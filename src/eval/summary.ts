@@ -53,6 +53,8 @@ export interface DatasetSummary {
   auroc: number | null;
   brier: number | null;
   ece: number | null;
+  /** The mean probability of the answer given (noul: max(p, 1 − p)): beside accuracy, how sure the answers are on the whole. */
+  meanConfidence: number | null;
   reliability: Reliability;
   /** choice/score: fraction of items whose argmax changed with the options reversed; null when not measured. */
   flipRate: number | null;
@@ -120,6 +122,7 @@ export function summarize(run: DatasetRun, nBins = 15): DatasetSummary {
     n: answered.length,
     errors: run.items.length - answered.length,
     accuracy: accuracy(correct),
+    meanConfidence: mean(mains.map((m) => m.confidence)),
     macroF1: null,
     maeExpected: null,
     maeArgmax: null,
