@@ -3,7 +3,8 @@
 // the shipped calibration) on the question sets no calibration map was
 // fitted on (bench/data/README.md, "written after the fit"), and copies its
 // diagrams and table into docs/reliability/. Run by `npm run docs:reliability`
-// after the bootstrap; `--model NAME` and `--data FILE…` override the defaults.
+// after the bootstrap; `--model NAME` and `--data FILE…` override the defaults,
+// `--from DIR` takes an `assay eval --out DIR` run of those instead of running one.
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -15,14 +16,18 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const OUT = path.join(ROOT, "docs", "reliability");
 export const AFTER_FIT = ["bench/data/choice_reviews_aspect.jsonl", "bench/data/noul_reviews_recommend.jsonl"];
 
-const { values } = parseArgs({ options: { model: { type: "string", default: "judge-latest" }, data: { type: "string", multiple: true } } });
+const { values } = parseArgs({
+  options: { model: { type: "string", default: "judge-latest" }, data: { type: "string", multiple: true }, from: { type: "string" } },
+});
 const data = values.data ?? AFTER_FIT;
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "assay-reliability-"));
+const tmp = values.from ? path.resolve(values.from) : fs.mkdtempSync(path.join(os.tmpdir(), "assay-reliability-"));
 try {
-  execFileSync(process.execPath, [path.join(ROOT, "bin", "assay.js"), "eval", "--model", values.model, "--data", ...data, "--no-flip", "--out", tmp], {
-    cwd: ROOT,
-    stdio: ["ignore", "inherit", "inherit"],
-  });
+  if (!values.from) {
+    execFileSync(process.execPath, [path.join(ROOT, "bin", "assay.js"), "eval", "--model", values.model, "--data", ...data, "--no-flip", "--out", tmp], {
+      cwd: ROOT,
+      stdio: ["ignore", "inherit", "inherit"],
+    });
+  }
   fs.mkdirSync(OUT, { recursive: true });
   const written = [];
   for (const f of fs.readdirSync(tmp).filter((f) => f.endsWith(".svg"))) {
@@ -37,5 +42,5 @@ try {
   fs.writeFileSync(path.join(OUT, "README.md"), `${head}\n${table.join("\n")}\n\n${written.map((f) => `![${f}](${f})`).join("\n")}\n`);
   process.stderr.write(`docs:reliability: wrote ${written.length} diagrams and README.md in ${path.relative(ROOT, OUT)}\n`);
 } finally {
-  fs.rmSync(tmp, { recursive: true, force: true });
+  if (!values.from) fs.rmSync(tmp, { recursive: true, force: true });
 }

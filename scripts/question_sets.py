@@ -365,7 +365,120 @@ FIT_SETS = {
     "choice_requests_department": (requests_department, 100),
 }
 
-AFTER_FIT_SETS: dict = {}
+# ---- written after the confidence maps were fitted: kinds no map has seen ---
+
+ASPECTS = {
+    "price": "what it cost: too expensive, not worth the money, hidden fees",
+    "quality": "how well it is made or works: breaks, stops working, cheap materials",
+    "delivery": "getting it: late, lost, damaged in transit, wrong address",
+    "service": "the seller's or support's behaviour: rude, no reply, refused help",
+    "size": "how it fits or its dimensions: too small, too big, smaller than pictured",
+}
+ASPECT_COMPLAINTS = {
+    "price": [
+        "{item} costs twice what the shop down the road asks.",
+        "At this price I expected much more from {item}.",
+        "They added a handling fee at checkout that was not mentioned anywhere.",
+        "Way overpriced for what you get; the same {item} is half the price elsewhere.",
+        "The price went up by a third between adding {item} to the cart and paying.",
+    ],
+    "quality": [
+        "{item} stopped working after a week.",
+        "The stitching on {item} came apart the first time I used it.",
+        "The plastic feels cheap and {item} already has a crack.",
+        "{item} makes a grinding noise and switches itself off.",
+        "The paint on {item} peeled off within days.",
+    ],
+    "delivery": [
+        "{item} arrived three weeks after the promised date.",
+        "The box with {item} was crushed and soaked when the courier left it.",
+        "{item} was delivered to a neighbour two streets away.",
+        "Tracking said out for delivery for five days before {item} finally showed up.",
+        "Half of the order never arrived; {item} came alone.",
+    ],
+    "service": [
+        "I wrote to the seller about {item} four times and never got an answer.",
+        "The support agent was rude and hung up on me when I asked about {item}.",
+        "They refused to help with {item} and told me it was my problem.",
+        "The shop kept promising a call back about {item} that never came.",
+        "Customer service sent me copy-paste replies that ignored my question about {item}.",
+    ],
+    "size": [
+        "{item} is far smaller than it looks in the photos.",
+        "I ordered my usual size and {item} is two sizes too big.",
+        "{item} does not fit on my desk; the listed dimensions are wrong.",
+        "{item} is so tight I cannot use it.",
+        "{item} is huge, nothing like the size described.",
+    ],
+}
+PRAISE = [
+    "Otherwise it does the job.", "The colour is nice though.", "It looked promising at first.",
+    "I had high hopes.", "My friend recommended this shop.", "",
+]
+
+
+def reviews_aspect(r, n):
+    keys = list(ASPECTS)
+    rows = []
+    for i, aspect in enumerate(balanced(r, keys, n)):
+        complaint = r.choice(ASPECT_COMPLAINTS[aspect]).format(item=r.choice(ITEMS))
+        complaint = complaint[0].upper() + complaint[1:]
+        text = f"{r.choice([1, 2, 2, 3])} stars. {complaint} {r.choice(PRAISE)}".strip()
+        rows.append({
+            "id": f"reviews-aspect-{i}",
+            "source": "assay scripts/question_sets.py (generated product reviews)",
+            "text": text,
+            "question": "What is the main complaint of this review about?",
+            "options": keys,
+            "descriptions": ASPECTS,
+            "label": aspect,
+        })
+    return rows
+
+
+RECOMMEND_YES = [
+    "I would buy {item} again without thinking twice.",
+    "Highly recommended, {item} is worth every cent.",
+    "Get it, you will not regret it.",
+    "Already ordered a second {item} as a gift for my sister.",
+    "Five stars, I tell everyone about {item}.",
+    "If you are on the fence, just buy {item}.",
+]
+RECOMMEND_NO = [
+    "Save your money and look elsewhere.",
+    "I would not buy {item} again.",
+    "Do not order {item}; it went straight back.",
+    "Avoid. There are better options for the same price.",
+    "One star, and only because zero is not possible.",
+    "I regret buying {item} and would warn my friends off it.",
+]
+REVIEW_MIDDLES = [
+    "It arrived on time.", "I have used it every day for a month.", "Setup took ten minutes.",
+    "The instructions were short.", "It came in a plain box.", "I bought it for my kitchen.",
+]
+
+
+def reviews_recommend(r, n):
+    rows = []
+    for i, yes in enumerate(balanced(r, [True, False], n)):
+        verdict = r.choice(RECOMMEND_YES if yes else RECOMMEND_NO).format(item=r.choice(ITEMS))
+        parts = [r.choice(REVIEW_MIDDLES), verdict]
+        if r.random() < 0.5:
+            parts.reverse()
+        rows.append({
+            "id": f"reviews-recommend-{i}",
+            "source": "assay scripts/question_sets.py (generated product reviews)",
+            "text": " ".join(parts),
+            "question": "Does the reviewer recommend the product?",
+            "answer": yes,
+        })
+    return rows
+
+
+AFTER_FIT_SETS = {
+    "choice_reviews_aspect": (reviews_aspect, 100),
+    "noul_reviews_recommend": (reviews_recommend, 100),
+}
 
 
 def main():

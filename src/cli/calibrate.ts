@@ -35,6 +35,7 @@ import {
 } from "../eval/calibrate.js";
 import type { CliIO } from "./keys.js";
 import { defined, positiveInt } from "./options.js";
+import { progressBar } from "./progress.js";
 import { calibrateFamilyCommand } from "./calibrate-family.js";
 
 export interface CalibrateCliOptions {
@@ -211,7 +212,7 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
     if (resolved.family !== "general") throw new Error(`model "${opts.model}" is a ${resolved.family} model; calibrate fits general models`);
     const lb = pipeline.build(opts.model);
     const manifest = lb.build.manifest;
-    const runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false });
+    const runs = await runDatasets(datasets, { pipeline, model: opts.model, calibration: null, concurrency: opts.concurrency, flip: false, progress: progressBar(io, "calibrate") });
     const items = fitItems(runs);
     const failed = runs.reduce((n, r) => n + r.items.filter((i) => i.main === null).length, 0);
     if (failed > 0) io.stderr(`assay calibrate: ${failed} items got no answer and are left out\n`);

@@ -8,7 +8,6 @@
  */
 import path from "node:path";
 import type { Command } from "commander";
-import cliProgress from "cli-progress";
 import { loadConfig, ROOT } from "../config/index.js";
 import { EnginePipeline } from "../pipeline/index.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
@@ -16,12 +15,12 @@ import { checkCalibration, readCalibrationFile, type Manifest } from "../models/
 import { calibrationForMode } from "../probability/index.js";
 import { debiasCostTable, measureDebiasCost, type DebiasCost } from "../eval/cost.js";
 import type { Debias } from "../prompt/index.js";
-import { runDatasets, type Progress } from "../eval/runner.js";
+import { runDatasets } from "../eval/runner.js";
 import { summarize } from "../eval/summary.js";
 import { summaryTable, writeReport, type EvalReport, type SkippedFile } from "../eval/report.js";
 import type { CliIO } from "./keys.js";
 import { defined, positiveInt } from "./options.js";
-import { stderrStream } from "./progress.js";
+import { progressBar } from "./progress.js";
 
 export interface EvalCliOptions {
   model: string;
@@ -42,28 +41,6 @@ export interface EvalCliOptions {
 export function defaultOutDir(model: string, now = new Date()): string {
   const stamp = now.toISOString().replace(/[-:]/g, "").replace(/\.\d+Z$/, "Z");
   return path.join(ROOT, "bench", "out", "eval", `${model.replace(/[^A-Za-z0-9._-]+/g, "_")}-${stamp}`);
-}
-
-/** cli-progress bar drawing on the CLI's stderr (TTY behaviour follows the real stderr). */
-function progressBar(io: CliIO): Progress {
-  const stream = stderrStream(io);
-  const bar = new cliProgress.SingleBar(
-    {
-      stream,
-      format: "eval |{bar}| {value}/{total} requests | {dataset} | {duration_formatted} elapsed, ETA {eta_formatted}",
-      hideCursor: true,
-      noTTYOutput: true,
-      notTTYSchedule: 10_000,
-      etaBuffer: 20,
-    },
-    cliProgress.Presets.shades_classic,
-  );
-  return {
-    start: (total) => bar.start(total, 0, { dataset: "" }),
-    tick: (dataset) => bar.increment(1, { dataset }),
-    addToTotal: (n) => bar.setTotal(bar.getTotal() + n),
-    stop: () => bar.stop(),
-  };
 }
 
 export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<EvalReport> {
@@ -112,7 +89,7 @@ export async function evalCommand(opts: EvalCliOptions, io: CliIO): Promise<Eval
       calibration,
       concurrency: opts.concurrency,
       flip: opts.flip,
-      progress: progressBar(io),
+      progress: progressBar(io, "eval"),
     });
     const elapsedMs = performance.now() - t0;
     const summaries = runs.map((r) => summarize(r));

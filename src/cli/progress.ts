@@ -1,4 +1,6 @@
 import { Writable } from "node:stream";
+import cliProgress from "cli-progress";
+import type { Progress } from "../eval/runner.js";
 import type { CliIO } from "./keys.js";
 
 /**
@@ -16,4 +18,26 @@ export function stderrStream(io: CliIO): NodeJS.WritableStream {
     }),
     { isTTY: process.stderr.isTTY === true, columns: process.stderr.columns },
   );
+}
+
+/** cli-progress bar drawing on the CLI's stderr (TTY behaviour follows the real stderr). */
+export function progressBar(io: CliIO, label: string): Progress {
+  const stream = stderrStream(io);
+  const bar = new cliProgress.SingleBar(
+    {
+      stream,
+      format: `${label} |{bar}| {value}/{total} requests | {dataset} | {duration_formatted} elapsed, ETA {eta_formatted}`,
+      hideCursor: true,
+      noTTYOutput: true,
+      notTTYSchedule: 10_000,
+      etaBuffer: 20,
+    },
+    cliProgress.Presets.shades_classic,
+  );
+  return {
+    start: (total) => bar.start(total, 0, { dataset: "" }),
+    tick: (dataset) => bar.increment(1, { dataset }),
+    addToTotal: (n) => bar.setTotal(bar.getTotal() + n),
+    stop: () => bar.stop(),
+  };
 }

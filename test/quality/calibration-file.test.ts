@@ -240,6 +240,30 @@ describe("assay calibrate --from-readouts with several files", () => {
     expect(new Set(lodo)).toEqual(new Set(["set_a", "set_b"]));
   });
 
+  it("--confidence-only adds the confidence maps and leaves the file's other maps as they were", async () => {
+    const { io, header, write } = setup();
+    // Choice readings of three sets whose answers are flat but whose presentations agree when right:
+    // a confidence map beats the file's (identity) choice maps held out, so it ships.
+    const choice = (dataset: string, n: number) =>
+      Array.from({ length: n }, (_, i) => {
+        const right = i % 5 !== 0;
+        const top = right ? 0.45 + (i % 3) * 0.02 : 0.3;
+        const lp = [Math.log(top), Math.log((1 - top) / 2), Math.log((1 - top) / 2)];
+        const off = [Math.log((1 - top) / 2), Math.log(top), Math.log((1 - top) / 2)];
+        const presentations = right ? [lp, lp, lp] : [lp, off, lp];
+        return { dataset, type: "choice", lp, gold: right ? 0 : 1, reading: { lp, presentations, raw: lp, prior: null, shortlisted: false } };
+      });
+    const file = path.join(root, "fit.json");
+    fs.writeFileSync(file, JSON.stringify(fitFile("aaaa", { temperatures: { "choice:*": 1.3 }, platt: { "noul:2": { a: 0.6, b: -0.2 } } })));
+    const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: [...choice("set_a", 60), ...choice("set_b", 60), ...choice("set_c", 60)] });
+    await calibrateCommand({ ...base, write: true, out: file, confidenceOnly: true, fromReadouts: [a] }, io);
+    const written = readCalibrationFile(file);
+    expect(written.temperatures).toEqual({ "choice:*": 1.3 });
+    expect(written.platt).toEqual({ "noul:2": { a: 0.6, b: -0.2 } });
+    expect(written.confidence?.choice?.weights).toHaveProperty("top");
+    expect(written.confidence?.noul).toBeUndefined();
+  });
+
   it("refuses files read under different priors, and a set given twice", async () => {
     const { io, header, items, write } = setup();
     const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: items("set_a", 20, 0) });

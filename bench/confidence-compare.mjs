@@ -1,0 +1,59 @@
+#!/usr/bin/env node
+// Two calibration files on the same readings: for every item of an
+// `assay eval` results.json (which records what the engine read for each
+// question), the answer under each file's maps, and per dataset the accuracy,
+// the mean probability of the answer and the ECE (15 bins). One model run,
+// both sides: the figure is the maps' difference, not the machine's.
+//   node bench/confidence-compare.mjs RESULTS.json BASELINE.json [CANDIDATE.json]
+// (CANDIDATE defaults to the build's shipped file in models/calibration/.)
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const { answer } = await import(path.join(ROOT, "dist", "src", "probability", "index.js"));
+const { reliability } = await import(path.join(ROOT, "dist", "src", "eval", "metrics.js"));
+
+const [resultsFile, baselineFile, candidateArg] = process.argv.slice(2);
+if (!resultsFile || !baselineFile) {
+  process.stderr.write("usage: node bench/confidence-compare.mjs RESULTS.json BASELINE.json [CANDIDATE.json]\n");
+  process.exit(2);
+}
+const results = JSON.parse(fs.readFileSync(resultsFile, "utf8"));
+const read = (f) => JSON.parse(fs.readFileSync(f, "utf8"));
+const baseline = read(baselineFile);
+const candidateFile = candidateArg ?? path.join(ROOT, "models", "calibration", `${baseline.build}.json`);
+const candidate = read(candidateFile);
+if (baseline.build_hash !== candidate.build_hash) throw new Error("the two files are fitted on different builds");
+
+/** [probability of the answer given, whether it is right] under a file's maps. */
+function scored(item, type, fit) {
+  const r = item.main.reading;
+  const keys = r.lp.map((_, i) => String(i));
+  const a = answer({ type, keys }, r, fit);
+  if (a.type === "noul") return [Math.max(a.noul, 1 - a.noul), a.noul > 0.5 === item.gold];
+  const p = keys.map((k) => a.probabilities[k]);
+  const m = p.indexOf(Math.max(...p));
+  // The reading is in the dataset's option order; the readout's pred names the chosen option.
+  return [p[m], item.main.pred === item.gold];
+}
+
+const f3 = (x) => x.toFixed(3);
+const rows = [
+  `| dataset | type | n | accuracy | mean p, ${path.basename(baselineFile)} | ECE | mean p, ${path.basename(candidateFile)} | ECE |`,
+  "|---|---|---:|---:|---:|---:|---:|---:|",
+];
+for (const d of results.datasets) {
+  const items = d.items.filter((it) => it.main?.reading);
+  const type = d.summary.task;
+  const side = (fit) => {
+    const s = items.map((it) => scored(it, type, fit));
+    const conf = s.map(([c]) => c);
+    const right = s.map(([, y]) => y);
+    return { acc: right.filter(Boolean).length / s.length, mean: conf.reduce((a, b) => a + b, 0) / s.length, ece: reliability(conf, right).ece };
+  };
+  const b = side(baseline);
+  const c = side(candidate);
+  rows.push(`| ${d.summary.dataset} | ${type} | ${items.length} | ${f3(c.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
+}
+process.stdout.write(rows.join("\n") + "\n");
