@@ -36,7 +36,11 @@ try {
   }
   // The table, without the run's paths and timings (they change every run).
   const report = fs.readFileSync(path.join(tmp, "report.md"), "utf8");
-  const table = report.split("\n").filter((l) => l.startsWith("|")).slice(0, 2 + data.length);
+  const table = report
+    .split("\n")
+    .filter((l) => l.startsWith("|"))
+    .slice(0, 2 + data.length)
+    .map((l) => l.split("|").slice(0, -3).concat([""]).join("|"));
   const head = `# Reliability on question kinds no map was fitted on\n\nWritten by \`npm run docs:reliability\` (\`assay eval --model ${values.model} --data ${data.join(" ")} --no-flip\`). ` +
     "Each diagram: the share of right answers per band of the probability given to the answer (bars, with the band's count), the band's mean probability (tick), and the diagonal a calibrated answer sits on.\n";
   fs.writeFileSync(path.join(OUT, "README.md"), `${head}\n${table.join("\n")}\n\n${written.map((f) => `![${f}](${f})`).join("\n")}\n`);
