@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Draws the README's reliability diagrams: `assay eval` (the real pipeline,
 // the shipped calibration) on the question sets no calibration map was
-// fitted on (bench/data/README.md, "written after the fit"), and copies its
+// fitted on (bench/data/README.md, the held-out kinds), and copies its
 // diagrams and table into docs/reliability/. Run by `npm run docs:reliability`
 // after the bootstrap; `--model NAME` and `--data FILE…` override the defaults,
 // `--from DIR` takes an `assay eval --out DIR` run of those instead of running one.
@@ -14,12 +14,12 @@ import { parseArgs } from "node:util";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const OUT = path.join(ROOT, "docs", "reliability");
-export const AFTER_FIT = ["bench/data/choice_reviews_aspect.jsonl", "bench/data/noul_reviews_recommend.jsonl"];
+export const HELD_OUT = ["bench/data/choice_reviews_aspect.jsonl", "bench/data/noul_reviews_recommend.jsonl"];
 
 const { values } = parseArgs({
   options: { model: { type: "string", default: "judge-latest" }, data: { type: "string", multiple: true }, from: { type: "string" } },
 });
-const data = values.data ?? AFTER_FIT;
+const data = values.data ?? HELD_OUT;
 const tmp = values.from ? path.resolve(values.from) : fs.mkdtempSync(path.join(os.tmpdir(), "assay-reliability-"));
 try {
   if (!values.from) {

@@ -8,10 +8,11 @@ built from, so the rule behind every label is in this file.
 
 Each set is one kind of question, written to its own file, so that fitting on
 the others and scoring on it (leave-one-dataset-out) asks whether a map
-carries to a kind it has not seen. `--sets after-fit` writes the kinds
-written after the confidence maps were fitted (no map has seen them).
+carries to a kind it has not seen. `--sets held-out` writes the kinds kept out
+of every fit: written while the confidence maps' fitting run read the other
+sets, before any map existed, and read by no fit since.
 
-    python3 scripts/question_sets.py --out bench/data [--sets fit|after-fit|all]
+    python3 scripts/question_sets.py --out bench/data [--sets fit|held-out|all]
 """
 import argparse
 import json
@@ -365,7 +366,7 @@ FIT_SETS = {
     "choice_requests_department": (requests_department, 100),
 }
 
-# ---- written after the confidence maps were fitted: kinds no map has seen ---
+# ---- kept out of every fit: kinds no map has seen --------------------------
 
 ASPECTS = {
     "price": "what it cost: too expensive, not worth the money, hidden fees",
@@ -475,7 +476,7 @@ def reviews_recommend(r, n):
     return rows
 
 
-AFTER_FIT_SETS = {
+HELD_OUT_SETS = {
     "choice_reviews_aspect": (reviews_aspect, 100),
     "noul_reviews_recommend": (reviews_recommend, 100),
 }
@@ -484,10 +485,10 @@ AFTER_FIT_SETS = {
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--sets", choices=["fit", "after-fit", "all"], default="all")
+    ap.add_argument("--sets", choices=["fit", "held-out", "all"], default="all")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    sets = {**(FIT_SETS if args.sets in ("fit", "all") else {}), **(AFTER_FIT_SETS if args.sets in ("after-fit", "all") else {})}
+    sets = {**(FIT_SETS if args.sets in ("fit", "all") else {}), **(HELD_OUT_SETS if args.sets in ("held-out", "all") else {})}
     for name, (make, n) in sets.items():
         # One generator per set, seeded by its name: adding a set changes no other.
         r = random.Random(name)
