@@ -6,7 +6,7 @@
  */
 import fs from "node:fs";
 import { mulberry32 } from "../src/eval/calibrate.js";
-import { fitRecallThreshold } from "../src/eval/fitting.js";
+import { fitRecallThreshold, newtonLogistic } from "../src/eval/fitting.js";
 import { auroc } from "../src/eval/metrics.js";
 import { logit } from "../src/probability/calibration.js";
 import { readRequest, readingNoul, type CodeSearchReading, type LinearFit } from "../src/probability/codesearch-reading.js";
@@ -49,54 +49,13 @@ export function readRaw(file: string): Map<string, number[]> {
 
 // ---- logistic regression ------------------------------------------------------
 
-/** Solves A x = b (small, symmetric positive definite) by Gaussian elimination with pivoting. */
-function solve(a: number[][], b: number[]): number[] {
-  const n = b.length;
-  const m = a.map((row, i) => [...row, b[i]!]);
-  for (let c = 0; c < n; c++) {
-    let piv = c;
-    for (let r = c + 1; r < n; r++) if (Math.abs(m[r]![c]!) > Math.abs(m[piv]![c]!)) piv = r;
-    [m[c], m[piv]] = [m[piv]!, m[c]!];
-    const d = m[c]![c]! || 1e-12;
-    for (let r = 0; r < n; r++) {
-      if (r === c) continue;
-      const f = m[r]![c]! / d;
-      for (let k = c; k <= n; k++) m[r]![k]! -= f * m[c]![k]!;
-    }
-  }
-  return m.map((row, i) => row[n]! / (row[i]! || 1e-12));
-}
-
 /** L2-penalised logistic regression (no penalty on the bias), Newton steps. */
 export function fitLogistic(x: readonly Readonly<Record<string, number>>[], y: readonly boolean[], names: readonly string[], l2 = 1): LinearFit {
-  const d = names.length + 1;
-  let w = new Array<number>(d).fill(0);
+  let w = new Array<number>(names.length + 1).fill(0);
   const pos = y.filter(Boolean).length;
   w[0] = logit(Math.min(0.99, Math.max(0.01, pos / Math.max(1, y.length))));
   const rows = x.map((r) => [1, ...names.map((k) => r[k] ?? 0)]);
-  for (let iter = 0; iter < 50; iter++) {
-    const g = new Array<number>(d).fill(0);
-    const h = Array.from({ length: d }, () => new Array<number>(d).fill(0));
-    rows.forEach((r, i) => {
-      let s = 0;
-      for (let k = 0; k < d; k++) s += w[k]! * r[k]!;
-      const p = 1 / (1 + Math.exp(-s));
-      const e = p - (y[i] ? 1 : 0);
-      const v = Math.max(p * (1 - p), 1e-9);
-      for (let a = 0; a < d; a++) {
-        g[a]! += e * r[a]!;
-        for (let b = 0; b < d; b++) h[a]![b]! += v * r[a]! * r[b]!;
-      }
-    });
-    for (let a = 1; a < d; a++) {
-      g[a]! += l2 * w[a]!;
-      h[a]![a]! += l2;
-    }
-    h[0]![0]! += 1e-6;
-    const step = solve(h, g);
-    w = w.map((v, k) => v - step[k]!);
-    if (Math.max(...step.map(Math.abs)) < 1e-8) break;
-  }
+  w = newtonLogistic(rows, y, rows.map(() => 1), { l2, start: w, tol: 1e-8, biasRidge: 1e-6 });
   return { bias: w[0]!, weights: Object.fromEntries(names.map((k, i) => [k, w[i + 1]!])) };
 }
 

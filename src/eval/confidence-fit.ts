@@ -9,6 +9,7 @@ import type { CalibrationMaps, ConfidenceMap, QuestionReading } from "../probabi
 import { answer, applyConfidenceMap, featuresFor } from "../probability/index.js";
 import type { FitItem } from "./calibrate.js";
 import { eceFloor } from "./calibrate.js";
+import { newtonLogistic } from "./fitting.js";
 import { argmaxIndex, mean, reliability } from "./metrics.js";
 
 export type MapType = "noul" | "choice" | "score";
@@ -47,25 +48,6 @@ export function confidenceItems(items: readonly FitItem[]): ConfidenceItem[] {
   return out;
 }
 
-/** Solves A x = b (A small and symmetric positive definite) by Gaussian elimination with partial pivoting. */
-function solve(a: number[][], b: number[]): number[] {
-  const n = b.length;
-  const m = a.map((row, i) => [...row, b[i]!]);
-  for (let c = 0; c < n; c++) {
-    let p = c;
-    for (let r = c + 1; r < n; r++) if (Math.abs(m[r]![c]!) > Math.abs(m[p]![c]!)) p = r;
-    [m[c], m[p]] = [m[p]!, m[c]!];
-    const d = m[c]![c]!;
-    if (Math.abs(d) < 1e-12) continue;
-    for (let r = 0; r < n; r++) {
-      if (r === c) continue;
-      const f = m[r]![c]! / d;
-      for (let k = c; k <= n; k++) m[r]![k]! -= f * m[c]![k]!;
-    }
-  }
-  return m.map((row, i) => (Math.abs(row[i]!) < 1e-12 ? 0 : row[n]! / row[i]!));
-}
-
 /**
  * Weights that make every set count the same in total and, for noul, its two
  * classes the same within it (the sets' label mixes are the sets', not the
@@ -86,33 +68,13 @@ export function setWeights(items: readonly ConfidenceItem[]): number[] {
 export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2): ConfidenceMap {
   const w = setWeights(items);
   const total = w.reduce((s, x) => s + x, 0);
-  const x = items.map((it) => [1, ...features.map((f) => it.features[f] ?? 0)]);
-  const d = features.length + 1;
-  let beta = new Array<number>(d).fill(0);
-  for (let iter = 0; iter < 50; iter++) {
-    const grad = new Array<number>(d).fill(0);
-    const hess = Array.from({ length: d }, () => new Array<number>(d).fill(0));
-    items.forEach((it, i) => {
-      const xi = x[i]!;
-      let s = 0;
-      for (let j = 0; j < d; j++) s += beta[j]! * xi[j]!;
-      const p = 1 / (1 + Math.exp(-s));
-      const wi = w[i]! / total;
-      const r = p - (it.y ? 1 : 0);
-      const h = Math.max(p * (1 - p), 1e-9) * wi;
-      for (let j = 0; j < d; j++) {
-        grad[j]! += wi * r * xi[j]!;
-        for (let k = 0; k < d; k++) hess[j]![k]! += h * xi[j]! * xi[k]!;
-      }
-    });
-    for (let j = 1; j < d; j++) {
-      grad[j]! += l2 * beta[j]!;
-      hess[j]![j]! += l2;
-    }
-    const step = solve(hess, grad);
-    beta = beta.map((b, j) => b - step[j]!);
-    if (Math.max(...step.map(Math.abs)) < 1e-9) break;
-  }
+  const rows = items.map((it) => [1, ...features.map((f) => it.features[f] ?? 0)]);
+  const beta = newtonLogistic(
+    rows,
+    items.map((it) => it.y),
+    w.map((x) => x / total),
+    { l2 },
+  );
   return { bias: beta[0]!, weights: Object.fromEntries(features.map((f, j) => [f, beta[j + 1]!])) };
 }
 

@@ -237,3 +237,62 @@ export function recallAt(items: readonly { raw: number; needed: boolean; overflo
     items: items.length,
   };
 }
+
+/** Solves A x = b (small, symmetric positive definite) by Gaussian elimination with pivoting. */
+export function solveLinear(a: number[][], b: number[]): number[] {
+  const n = b.length;
+  const m = a.map((row, i) => [...row, b[i]!]);
+  for (let c = 0; c < n; c++) {
+    let piv = c;
+    for (let r = c + 1; r < n; r++) if (Math.abs(m[r]![c]!) > Math.abs(m[piv]![c]!)) piv = r;
+    [m[c], m[piv]] = [m[piv]!, m[c]!];
+    const d = m[c]![c]! || 1e-12;
+    for (let r = 0; r < n; r++) {
+      if (r === c) continue;
+      const f = m[r]![c]! / d;
+      for (let k = c; k <= n; k++) m[r]![k]! -= f * m[c]![k]!;
+    }
+  }
+  return m.map((row, i) => row[n]! / (row[i]! || 1e-12));
+}
+
+/**
+ * Weighted L2-penalised logistic regression by Newton steps. Each row starts
+ * with its bias column (1), which is not penalised; `start` is the first
+ * guess, `biasRidge` a tiny ridge on the bias (separable data). Returns the
+ * coefficients, bias first.
+ */
+export function newtonLogistic(
+  rows: readonly (readonly number[])[],
+  y: readonly boolean[],
+  weights: readonly number[],
+  opts: { l2: number; start?: number[]; tol?: number; biasRidge?: number },
+): number[] {
+  const d = rows[0]?.length ?? 1;
+  let w = opts.start ? [...opts.start] : new Array<number>(d).fill(0);
+  for (let iter = 0; iter < 50; iter++) {
+    const g = new Array<number>(d).fill(0);
+    const h = Array.from({ length: d }, () => new Array<number>(d).fill(0));
+    rows.forEach((r, i) => {
+      let s = 0;
+      for (let k = 0; k < d; k++) s += w[k]! * r[k]!;
+      const p = 1 / (1 + Math.exp(-s));
+      const wi = weights[i]!;
+      const e = wi * (p - (y[i] ? 1 : 0));
+      const v = wi * Math.max(p * (1 - p), 1e-9);
+      for (let a = 0; a < d; a++) {
+        g[a]! += e * r[a]!;
+        for (let b = 0; b < d; b++) h[a]![b]! += v * r[a]! * r[b]!;
+      }
+    });
+    for (let a = 1; a < d; a++) {
+      g[a]! += opts.l2 * w[a]!;
+      h[a]![a]! += opts.l2;
+    }
+    h[0]![0]! += opts.biasRidge ?? 0;
+    const step = solveLinear(h, g);
+    w = w.map((v, k) => v - step[k]!);
+    if (Math.max(...step.map(Math.abs)) < (opts.tol ?? 1e-9)) break;
+  }
+  return w;
+}
