@@ -151,16 +151,19 @@ export function mappedProbabilities(lp: readonly number[], t: number, map: Confi
 /**
  * The maps that apply when answers are read under `debias`: a fit records
  * the debias mode its choice/score temperatures were fitted under, and
- * averaged readings are flatter than single ones, so those temperatures and
- * top-label maps are dropped (identity) under another mode. noul maps do not
- * depend on it.
+ * averaged readings are flatter than single ones, so those temperatures,
+ * top-label and confidence maps are dropped (identity) under another mode.
+ * noul maps do not depend on it.
  */
 export function calibrationForMode(fit: CalibrationFit | null | undefined, debias: string): CalibrationFit | null {
   if (!fit) return null;
   if (fit.debias === undefined || fit.debias === debias) return fit;
   const temperatures: Record<string, number> = {};
   for (const [k, t] of Object.entries(fit.temperatures)) if (k.startsWith("noul:")) temperatures[k] = t;
-  return { ...fit, temperatures, top_label: {} };
+  // A confidence map reads the presentations' agreement: a choice or score map fitted on every order does not apply to one.
+  const confidence = fit.confidence?.noul ? { noul: fit.confidence.noul } : undefined;
+  const { confidence: _dropped, ...rest } = fit;
+  return { ...rest, temperatures, top_label: {}, ...(confidence ? { confidence } : {}) };
 }
 
 /** labels are [yes, no]; without a fit (or with a temperature only) this is softmax(lp / T)[yes]. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { answer, applyConfidenceMap, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
+import { answer, applyConfidenceMap, calibrationForMode, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
 import { confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
 import type { FitItem } from "../../src/eval/calibrate.js";
 import { mulberry32 } from "../../src/eval/calibrate.js";
@@ -71,6 +71,19 @@ describe("answer under a confidence map", () => {
     const a = answer({ type: "noul", keys: ["true", "false"] }, r, fitWith({ noul: { bias: 0.5, weights: { raw: 1 } } }));
     if (a.type !== "noul") throw new Error("not noul");
     expect(a.noul).toBeCloseTo(1 / (1 + Math.exp(-(0.5 + Math.log(0.7 / 0.3)))), 9);
+  });
+
+  it("drops a choice or score map read under another debias mode (it reads the presentations), keeps a noul map", () => {
+    const fit = {
+      build_hash: "x",
+      fitted_at: "",
+      temperatures: {},
+      data: [],
+      debias: "cyclic",
+      confidence: { choice: { bias: 2, weights: {} }, noul: { bias: 1, weights: {} } },
+    };
+    expect(calibrationForMode(fit, "cyclic")?.confidence).toEqual(fit.confidence);
+    expect(calibrationForMode(fit, "off")?.confidence).toEqual({ noul: { bias: 1, weights: {} } });
   });
 
   it("leaves a shortlisted question to its regime's maps", () => {
