@@ -10,6 +10,9 @@ import { ROOT, type ExecutionProvider } from "../config/index.js";
  * Loose: families add sections of their own (e.g. a recall adjustment) and
  * the keys this schema does not name are kept as they are.
  */
+/** One confidence map (src/probability/confidence.ts): σ(bias + Σ weights[f]·f). */
+const ConfidenceMap = z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) });
+
 export const CalibrationFit = z.looseObject({
   build_hash: z.string(),
   fitted_at: z.string(),
@@ -46,13 +49,7 @@ export const CalibrationFit = z.looseObject({
    * of the readings. Where a type has one it replaces that type's Platt and top-label maps (its
    * temperature still shares out the other options). Fitted under `debias` and `prior` like them.
    */
-  confidence: z
-    .object({
-      noul: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
-      choice: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
-      score: z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) }).optional(),
-    })
-    .optional(),
+  confidence: z.object({ noul: ConfidenceMap.optional(), choice: ConfidenceMap.optional(), score: ConfidenceMap.optional() }).optional(),
   data: z.array(z.string()).default([]),
 });
 export type CalibrationFit = z.infer<typeof CalibrationFit>;
