@@ -358,12 +358,181 @@ def requests_department(r, n):
     return rows
 
 
+# ---- newsletter items: which section (plain keys, overlapping topics) -------
+# No descriptions, and a quarter of the items touch a second section's topic
+# in passing, the way AG News's Business and Sci/Tech overlap: the label is the
+# headline's subject, which the model can be sure of and still get wrong.
+
+SECTIONS = ["people", "product", "events", "finance"]
+SECTION_HEADLINES = {
+    "people": [
+        "{name} joins the support team as its new lead.",
+        "After twelve years with us, {name} retires at the end of {month}.",
+        "Congratulations to {name}, who was promoted to engineering manager.",
+        "Meet {name}, our new head of recruiting.",
+        "{name} from design returns from parental leave next week.",
+    ],
+    "product": [
+        "Version 5 of {product} ships with offline mode.",
+        "{product} now exports reports as spreadsheets.",
+        "The redesigned settings page of {product} goes live on Tuesday.",
+        "Dark mode arrives in {product} after two years of requests.",
+        "{product} gets a faster search built on a new index.",
+    ],
+    "events": [
+        "The summer party takes place on {month} 20th in the park next to the office.",
+        "Sign up for the charity run on {month} 8th.",
+        "The all-hands meeting moves to the large auditorium on Friday.",
+        "Our hackathon opens registrations for its {month} edition.",
+        "A cooking workshop for staff is held in the canteen next Thursday.",
+    ],
+    "finance": [
+        "Quarterly revenue rose 14% on the back of team subscriptions.",
+        "The board approved next year's budget, with travel cut by a fifth.",
+        "Expense claims must be filed by the 5th of each month from {month} on.",
+        "We closed a {money}M funding round led by two new investors.",
+        "Operating costs fell for the third quarter in a row.",
+    ],
+}
+SECTION_ASIDES = {
+    "people": "{name} from the team says they are thrilled.",
+    "product": "The launch of {product} is mentioned as one reason.",
+    "events": "A small celebration is planned for the occasion.",
+    "finance": "The project had a budget of {money}M.",
+}
+
+
+def news_section(r, n):
+    rows = []
+    for i, section in enumerate(balanced(r, SECTIONS, n)):
+        fill_in = dict(name=r.choice(NAMES), month=r.choice(MONTHS), product=r.choice(PRODUCTS), money=r.randint(2, 40))
+        text = r.choice(SECTION_HEADLINES[section]).format(**fill_in)
+        if r.random() < 0.25:
+            other = r.choice([s for s in SECTIONS if s != section])
+            text = f"{text} {SECTION_ASIDES[other].format(**fill_in)}"
+        rows.append({
+            "id": f"news-section-{i}",
+            "source": "assay scripts/question_sets.py (generated newsletter items)",
+            "text": text,
+            "question": "Which section of the company newsletter does this item belong to?",
+            "options": SECTIONS,
+            "label": section,
+        })
+    return rows
+
+
+# ---- emails: what should an assistant do with it (described actions) ---------
+
+ACTIONS = {
+    "reply": "the sender asks a question or needs an answer from the reader",
+    "schedule": "the sender proposes a meeting or a call at a time to put in the calendar",
+    "forward": "the email is meant for someone else and should be passed on",
+    "archive": "nothing to do: a newsletter, a receipt, a notification or an FYI",
+}
+ACTION_EMAILS = {
+    "reply": [
+        "Could you tell me whether the report will be ready by Friday?",
+        "Which of the two designs do you prefer for the landing page?",
+        "Did you get a chance to look at my proposal? I need your opinion before I send it out.",
+        "Can you confirm the shipping address for the samples?",
+        "What budget do you have in mind for the campaign?",
+    ],
+    "schedule": [
+        "Are you free for a 30-minute call on Tuesday at 10:00 to go through the plan?",
+        "Let's meet on Thursday at 15:00 in room 4 to review the launch.",
+        "I have sent a calendar invite for the kickoff on Monday at 9:30.",
+        "Could we move our catch-up to Wednesday at 11?",
+        "Shall we do the interview next Friday at 14:00?",
+    ],
+    "forward": [
+        "Sorry, I think this should go to your accounts team, not to you: our invoice is attached.",
+        "Hi, I am looking for whoever handles press requests at your company.",
+        "This is meant for {name} in legal; could you pass it on?",
+        "I am not sure you are the right person, but someone in HR should see the attached CV.",
+        "Please share this with whoever manages the office building's access cards.",
+    ],
+    "archive": [
+        "Your receipt for order {order}: {money} paid by card.",
+        "This week's newsletter: five tips for better sleep.",
+        "Notification: your password was changed successfully.",
+        "FYI, the office will be closed on Monday for the holiday. No action needed.",
+        "Your monthly statement is now available in the portal.",
+    ],
+}
+
+
+def emails_action(r, n):
+    keys = list(ACTIONS)
+    rows = []
+    for i, action in enumerate(balanced(r, keys, n)):
+        body = r.choice(ACTION_EMAILS[action]).format(name=r.choice(NAMES), order=order_no(r), money=money(r))
+        text = f"From: {r.choice(NAMES)}\nSubject: {r.choice(['Quick one', 'Hello', 'Re: last week', 'Update', 'Info'])}\n\n{body}"
+        rows.append({
+            "id": f"emails-action-{i}",
+            "source": "assay scripts/question_sets.py (generated emails)",
+            "text": text,
+            "question": "What should the assistant do with this email?",
+            "options": keys,
+            "descriptions": ACTIONS,
+            "label": action,
+        })
+    return rows
+
+
+# ---- emails: is there a dated request (noul, with dates as decoys) -----------
+
+DATED_REQUESTS = [
+    "Please send me the signed contract by {day}.",
+    "I need your slides before {day} so I can print them.",
+    "Can you fill in the survey by {day}? It closes then.",
+    "Please book your travel before {day}, prices go up after that.",
+    "Send your feedback on the draft by {day} at the latest.",
+]
+UNDATED_REQUESTS = [
+    "Please send me the signed contract when you can.",
+    "Could you have a look at the slides at some point?",
+    "Feel free to fill in the survey if you like.",
+    "Let me know what you think of the draft whenever suits you.",
+]
+# A date that asks nothing of the reader.
+DATE_DECOYS = [
+    "The conference on {past} went well.",
+    "I am on holiday from {day}.",
+    "The office moved on {past}.",
+    "Our meeting on {past} was very useful.",
+    "",
+]
+PAST = ["Monday", "June 12", "the 3rd", "last Wednesday"]
+DAYS = ["Friday", "Monday the 3rd", "the end of the month", "June 12", "noon tomorrow", "next Wednesday"]
+
+
+def emails_deadline(r, n):
+    rows = []
+    for i, dated in enumerate(balanced(r, [True, False], n)):
+        ask = r.choice(DATED_REQUESTS if dated else UNDATED_REQUESTS).format(day=r.choice(DAYS))
+        decoy = r.choice(DATE_DECOYS).format(day=r.choice(DAYS), past=r.choice(PAST))
+        parts = [p for p in [decoy, ask] if p]
+        if r.random() < 0.5:
+            parts.reverse()
+        rows.append({
+            "id": f"emails-deadline-{i}",
+            "source": "assay scripts/question_sets.py (generated emails)",
+            "text": f"Hi {r.choice(NAMES)},\n{' '.join(parts)}\nBest, {r.choice(NAMES)}",
+            "question": "Does the email ask the reader to do something by a specific time?",
+            "answer": dated,
+        })
+    return rows
+
+
 FIT_SETS = {
     "choice_tickets_queue": (tickets_queue, 120),
     "noul_tickets_angry": (tickets_angry, 120),
     "score_tickets_priority": (tickets_priority, 100),
     "noul_messages_contact": (messages_contact, 120),
     "choice_requests_department": (requests_department, 100),
+    "choice_news_section": (news_section, 100),
+    "choice_emails_action": (emails_action, 100),
+    "noul_emails_deadline": (emails_deadline, 100),
 }
 
 # ---- kept out of every fit: kinds no map has seen --------------------------
