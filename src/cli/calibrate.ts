@@ -290,6 +290,33 @@ async function calibrateFromReadouts(opts: CalibrateCliOptions, files: readonly 
   return finish(opts, io, items, header);
 }
 
+type ConfidenceRecord = { dataset: string; type: string };
+
+/**
+ * `--confidence-only`: the confidence sections of `fit` for the types it
+ * read, those of `existing` for the others (their maps, validation rows,
+ * feature choices and the data they were judged on), so that a refit of one
+ * type does not drop the record of another.
+ */
+function mergeConfidence(existing: CalibrationFit, fit: CalibrationFit, covered: ReadonlySet<string>, data: readonly string[]): CalibrationFit {
+  const old = existing as Record<string, unknown>;
+  const fresh = fit as Record<string, unknown>;
+  const keepMaps = Object.fromEntries(Object.entries(existing.confidence ?? {}).filter(([type]) => !covered.has(type)));
+  const oldRows = ((old["confidence_validation"] as ConfidenceRecord[] | undefined) ?? []).filter((r) => !covered.has(r.type));
+  const keptSets = new Set(oldRows.map((r) => r.dataset));
+  const oldFeatures = Object.fromEntries(Object.entries((old["confidence_features"] as Record<string, unknown> | undefined) ?? {}).filter(([type]) => !covered.has(type)));
+  // A data entry reads "choice_agnews.jsonl (120 of 300 rows …)": kept where its set's rows are.
+  const oldData = ((old["confidence_data"] as string[] | undefined) ?? []).filter((d) => keptSets.has(d.split(".jsonl")[0]!));
+  return {
+    ...existing,
+    confidence: { ...keepMaps, ...fit.confidence },
+    confidence_validation: [...oldRows, ...((fresh["confidence_validation"] as ConfidenceRecord[] | undefined) ?? [])],
+    confidence_features: { ...oldFeatures, ...((fresh["confidence_features"] as Record<string, unknown> | undefined) ?? {}) },
+    confidence_data: [...oldData, ...data],
+    confidence_fitted_at: fit.fitted_at,
+  } as CalibrationFit;
+}
+
 /** What `--readouts` writes: the fit items and the header of the run that read them. */
 interface ReadoutsFile {
   build_hash: string;
@@ -442,14 +469,7 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     }
     // Types the data did not cover keep their maps: a refit of noul alone leaves choice and score as they were.
     const merged = opts.confidenceOnly
-      ? ({
-          ...existing,
-          confidence: fit.confidence,
-          confidence_validation: (fit as Record<string, unknown>)["confidence_validation"],
-          confidence_features: (fit as Record<string, unknown>)["confidence_features"],
-          confidence_data: header.data,
-          confidence_fitted_at: fit.fitted_at,
-        } as CalibrationFit)
+      ? mergeConfidence(existing!, fit, new Set(items.flatMap((it) => (it.reading ? [it.type] : []))), header.data)
       : mergeFit(existing, fit, new Set(items.map((it) => it.type)));
     fs.mkdirSync(path.dirname(file), { recursive: true });
     fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");

@@ -254,14 +254,30 @@ describe("assay calibrate --from-readouts with several files", () => {
         return { dataset, type: "choice", lp, gold: right ? 0 : 1, reading: { lp, presentations, raw: lp, prior: null, shortlisted: false } };
       });
     const file = path.join(root, "fit.json");
-    fs.writeFileSync(file, JSON.stringify(fitFile("aaaa", { temperatures: { "choice:*": 1.3 }, platt: { "noul:2": { a: 0.6, b: -0.2 } } })));
+    // The file already holds a noul map and its record: a refit that read only choice questions keeps them.
+    const noulMap = { bias: 0.1, weights: { z: 0.9 } };
+    const noulRow = { dataset: "set_n", type: "noul", validation: "leave-one-dataset-out" };
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        ...fitFile("aaaa", { temperatures: { "choice:*": 1.3 }, platt: { "noul:2": { a: 0.6, b: -0.2 } } }),
+        confidence: { noul: noulMap },
+        confidence_validation: [noulRow, { dataset: "set_old", type: "choice" }],
+        confidence_features: { noul: { features: ["z"] }, choice: { features: ["top"] } },
+        confidence_data: ["set_n.jsonl (50 rows)", "set_old.jsonl (50 rows)"],
+      }),
+    );
     const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: [...choice("set_a", 60), ...choice("set_b", 60), ...choice("set_c", 60)] });
     await calibrateCommand({ ...base, write: true, out: file, confidenceOnly: true, fromReadouts: [a] }, io);
     const written = readCalibrationFile(file);
     expect(written.temperatures).toEqual({ "choice:*": 1.3 });
     expect(written.platt).toEqual({ "noul:2": { a: 0.6, b: -0.2 } });
     expect(written.confidence?.choice?.weights).toHaveProperty("top");
-    expect(written.confidence?.noul).toBeUndefined();
+    expect(written.confidence?.noul).toEqual(noulMap);
+    const record = written as unknown as { confidence_validation: { dataset: string }[]; confidence_data: string[]; confidence_features: Record<string, unknown> };
+    expect(record.confidence_validation.map((r) => r.dataset).sort()).toEqual(["set_a", "set_b", "set_c", "set_n"]);
+    expect(record.confidence_data).toEqual(["set_n.jsonl (50 rows)", "set_a.jsonl"]);
+    expect(record.confidence_features["noul"]).toEqual({ features: ["z"] });
   });
 
   it("refuses files read under different priors, and a set given twice", async () => {
