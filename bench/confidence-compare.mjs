@@ -1,10 +1,11 @@
 #!/usr/bin/env node
 // Two calibration files on the same readings: for every item of an
 // `assay eval` results.json (which records what the engine read for each
-// question), the answer under each file's maps, and per dataset the accuracy,
-// the mean probability of the answer and the ECE (15 bins). One model run,
-// both sides: the figure is the maps' difference, not the machine's.
-//   node bench/confidence-compare.mjs RESULTS.json BASELINE.json [CANDIDATE.json]
+// question), or of an `assay calibrate --readouts` file, the answer under
+// each file's maps, and per dataset the accuracy, the mean probability of the
+// answer and the ECE (15 bins). One model run, both sides: the figure is the
+// maps' difference, not the machine's.
+//   node bench/confidence-compare.mjs RESULTS.json|READOUTS.json BASELINE.json [CANDIDATE.json]
 // (CANDIDATE defaults to the build's shipped file in models/calibration/.)
 import fs from "node:fs";
 import path from "node:path";
@@ -43,9 +44,23 @@ const rows = [
   `| dataset | type | n | accuracy | mean p, ${path.basename(baselineFile)} | ECE | mean p, ${path.basename(candidateFile)} | ECE |`,
   "|---|---|---:|---:|---:|---:|---:|---:|",
 ];
-for (const d of results.datasets) {
+// A readouts file holds fit items (dataset, type, gold index, reading); noul's option 0 is "true".
+const argmax = (xs) => xs.indexOf(Math.max(...xs));
+const sets = results.datasets
+  ? results.datasets.map((d) => ({ name: d.summary.dataset, type: d.summary.task, items: d.items }))
+  : [...new Set(results.items.map((it) => it.dataset))].map((name) => {
+      const mine = results.items.filter((it) => it.dataset === name && it.reading && !it.reading.shortlisted);
+      const type = mine[0]?.type;
+      const items = mine.map((it) => ({
+        gold: type === "noul" ? it.gold === 0 : it.gold,
+        main: { reading: it.reading, pred: type === "noul" ? null : argmax(it.reading.lp) },
+      }));
+      return { name, type, items };
+    });
+for (const d of sets) {
   const items = d.items.filter((it) => it.main?.reading);
-  const type = d.summary.task;
+  if (items.length === 0) continue;
+  const type = d.type;
   const side = (fit) => {
     const s = items.map((it) => scored(it, type, fit));
     const conf = s.map(([c]) => c);
@@ -54,6 +69,6 @@ for (const d of results.datasets) {
   };
   const b = side(baseline);
   const c = side(candidate);
-  rows.push(`| ${d.summary.dataset} | ${type} | ${items.length} | ${f3(c.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
+  rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(c.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
 }
 process.stdout.write(rows.join("\n") + "\n");
