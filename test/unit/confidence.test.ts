@@ -155,4 +155,27 @@ describe("fitting a confidence map", () => {
     expect(fit.maps.choice).toBeDefined();
     expect(confidenceItems(items).every((it) => it.type === "choice")).toBe(true);
   });
+
+  it("does not ship a noul map that answers a set worse, however much it lowers the pooled ECE", () => {
+    const rand = mulberry32(5);
+    // Sets a and b read every false statement as a weak yes (z ≈ 1) and the true ones as a strong
+    // yes (z ≈ 3): held out, they want the 0.5 line near z = 2. Set c reads its true statements at
+    // z ≈ 1.5 and is answered right as read: a map from a and b would answer them false.
+    const items: FitItem[] = [];
+    const noul = (dataset: string, z: number, truth: boolean) => {
+      const lp = [-Math.log1p(Math.exp(-z)), -Math.log1p(Math.exp(z))];
+      items.push({ dataset, type: "noul", lp, gold: truth ? 0 : 1, reading: { ...singleReading(lp), prior: null } });
+    };
+    for (const dataset of ["a", "b"]) {
+      for (let i = 0; i < 100; i++) noul(dataset, 3 + rand() * 0.4, true);
+      for (let i = 0; i < 100; i++) noul(dataset, 1 + rand() * 0.4, false);
+    }
+    for (let i = 0; i < 100; i++) noul("c", 1.5 + rand() * 0.2, true);
+    for (let i = 0; i < 100; i++) noul("c", -2 - rand() * 0.4, false);
+    const fit = fitConfidence(items, null);
+    const c = fit.rows.find((r) => r.dataset === "c")!;
+    expect(c.heldOut.accuracy!).toBeLessThan(c.shipped.accuracy!);
+    expect(fit.choice.noul!.ships).toBe(false);
+    expect(fit.maps.noul).toBeUndefined();
+  });
 });
