@@ -21,7 +21,7 @@ export type MapType = "noul" | "choice" | "score";
  */
 export const CANDIDATES: Record<MapType, string[][]> = {
   noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"]],
-  choice: [["top"], ["top", "agree"], ["top", "agree", "described"], ["top", "agree", "described", "logk"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
+  choice: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
   score: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
 };
 

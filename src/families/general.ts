@@ -5,7 +5,7 @@ import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import type { Timings } from "../pipeline/timings.js";
 import { answer, averageReadings, calibrationForMode, logSumExp, type QuestionReading } from "../probability/index.js";
-import { buildPrompt, DEFAULT_DEBIAS, describedOptions, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
+import { buildPrompt, DEFAULT_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
 import {
   type Answer,
   type Question,
@@ -280,8 +280,6 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
   const mean = (rs: number[][]) => (rs.length === 1 ? rs[0]! : averageReadings(rs));
   return prepared.questions.map((q) => {
     const w = fit?.prior?.[q.type] ?? 0;
-    const asked = prepared.source.questions[q.id];
-    const described = asked !== undefined && describedOptions(asked);
     const raw: number[][] = [];
     const content: number[][] = [];
     const presentations = q.blocks.map((b, j) => {
@@ -305,7 +303,6 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
       raw: mean(raw),
       prior: content.length === presentations.length ? mean(content) : null,
       shortlisted: false,
-      ...(described ? { described } : {}),
     };
   });
 }

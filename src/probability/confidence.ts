@@ -32,13 +32,6 @@ export interface QuestionReading {
   prior: number[] | null;
   /** Read once by key and then again over a shortlist (many options). */
   shortlisted: boolean;
-  /**
-   * A choice whose options carry descriptions ("billing: charges, invoices"):
-   * a described, numbered list spreads the model's probability over the
-   * numbers, so its right answers read flatter than a bare list's
-   * (docs/experiments/answer-quality.md, confidence maps). Absent: bare keys.
-   */
-  described?: boolean;
 }
 
 /** A logistic model: σ(bias + Σ weights[f] · features[f]); a feature the map does not name weighs nothing. */
@@ -82,8 +75,7 @@ const logitOfLog = (lp: number) => logit(Math.exp(lp));
  *   probability space (disagreement flattens it less than the log-space mean);
  * - `raw`: log-odds of m before the prior was taken off;
  * - `pull`: how much the prior favoured m, log(k · prior_m);
- * - `logk`: log of the number of options; `shortlisted`: 1 when read by key and shortlisted;
- * - `described`: 1 when the options carry descriptions.
+ * - `logk`: log of the number of options; `shortlisted`: 1 when read by key and shortlisted.
  */
 export function optionFeatures(r: QuestionReading): Record<string, number> {
   const k = r.lp.length;
@@ -110,7 +102,6 @@ export function optionFeatures(r: QuestionReading): Record<string, number> {
     pull: prior ? Math.max(-20, Math.log(k) + prior[m]!) : 0,
     logk: Math.log(k),
     shortlisted: r.shortlisted ? 1 : 0,
-    described: r.described ? 1 : 0,
   };
 }
 

@@ -321,11 +321,6 @@ export function presentationOrders(q: Question, debias: Debias): number[][] {
   return Array.from({ length: m }, (_, off) => canon.map((_, i) => canon[(i + off) % k]!));
 }
 
-/** Whether a choice question's options carry descriptions beyond their keys (what a confidence map reads as `described`). */
-export function describedOptions(q: Question): boolean {
-  return q.type === "choice" && Object.entries(q.criteria).some(([k, d]) => d !== null && d !== undefined && d !== k);
-}
-
 export function buildPrompt(
   style: PromptStyle,
   state: State,

@@ -3,7 +3,6 @@ import { answer, applyConfidenceMap, calibrationForMode, noulFeatures, optionFea
 import { confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
 import type { FitItem } from "../../src/eval/calibrate.js";
 import { mulberry32 } from "../../src/eval/calibrate.js";
-import { describedOptions } from "../../src/prompt/index.js";
 
 const log = (ps: number[]) => ps.map(Math.log);
 const reading = (presentations: number[][], prior: number[] | null = null): QuestionReading => {
@@ -35,14 +34,6 @@ describe("optionFeatures", () => {
     const single = optionFeatures(singleReading(log([0.5, 0.3, 0.2])));
     expect(single.agree).toBe(0);
     expect(single.pull).toBe(0);
-    expect(single.described).toBe(0);
-    expect(optionFeatures({ ...singleReading(log([0.5, 0.3, 0.2])), described: true }).described).toBe(1);
-  });
-
-  it("calls a choice described only where some option says more than its key", () => {
-    expect(describedOptions({ type: "choice", instructions: "Topic?", criteria: { billing: "charges and invoices", shipping: null } })).toBe(true);
-    expect(describedOptions({ type: "choice", instructions: "Topic?", criteria: { billing: null, shipping: "shipping" } })).toBe(false);
-    expect(describedOptions({ type: "score", instructions: "Mood?", criteria: ["bad", "good"] })).toBe(false);
   });
 });
 
