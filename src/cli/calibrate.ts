@@ -305,8 +305,9 @@ function mergeConfidence(existing: CalibrationFit, fit: CalibrationFit, covered:
   const oldRows = ((old["confidence_validation"] as ConfidenceRecord[] | undefined) ?? []).filter((r) => !covered.has(r.type));
   const keptSets = new Set(oldRows.map((r) => r.dataset));
   const oldFeatures = Object.fromEntries(Object.entries((old["confidence_features"] as Record<string, unknown> | undefined) ?? {}).filter(([type]) => !covered.has(type)));
-  // A data entry reads "choice_agnews.jsonl (120 of 300 rows …)": kept where its set's rows are.
-  const oldData = ((old["confidence_data"] as string[] | undefined) ?? []).filter((d) => keptSets.has(d.split(".jsonl")[0]!));
+  // A data entry reads "choice_agnews.jsonl (120 of 300 rows …)" or "score_sst5.jsonl@choice (…)",
+  // its set "choice_agnews" or "score_sst5@choice": kept where its set's rows are.
+  const oldData = ((old["confidence_data"] as string[] | undefined) ?? []).filter((d) => keptSets.has(d.split(" ")[0]!.replace(".jsonl", "")));
   return {
     ...existing,
     confidence: { ...keepMaps, ...fit.confidence },
