@@ -20,8 +20,16 @@ export type MapType = "noul" | "choice" | "score";
  * the pooled leave-one-dataset-out ECE.
  */
 export const CANDIDATES: Record<MapType, string[][]> = {
-  noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"]],
-  choice: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
+  noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"], ["z", "zlen"], ["raw", "prior", "rawlen"], ["z", "zlen", "len"]],
+  choice: [
+    ["top"],
+    ["top", "agree"],
+    ["top", "agree", "toplen"],
+    ["top", "agree", "len", "toplen"],
+    ["top", "agree", "margin", "mean"],
+    ["top", "agree", "mean", "raw", "pull"],
+    ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"],
+  ],
   score: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
 };
 
@@ -129,6 +137,25 @@ export function leaveOneDatasetOutConfidence(items: readonly ConfidenceItem[], f
   return out;
 }
 
+/**
+ * Whether probabilities `after` answer a set worse than `before` beyond
+ * chance: of the items whose answer changed, the one-sided McNemar test at
+ * 95% (b − c > 1.645·√(b + c), b the items it turns wrong, c those it turns
+ * right). At 100–150 rows a set, one or two items either way is noise, and a
+ * strict "never one item fewer" would refuse any map that moves the 0.5 line.
+ */
+export function answersWorse(items: readonly ConfidenceItem[], before: readonly number[], after: readonly number[]): boolean {
+  let b = 0;
+  let c = 0;
+  items.forEach((it, i) => {
+    const was = predicted(it, before[i]!).correct;
+    const now = predicted(it, after[i]!).correct;
+    if (was && !now) b++;
+    if (!was && now) c++;
+  });
+  return b - c > 1.645 * Math.sqrt(b + c);
+}
+
 /** The pooled (n-weighted) leave-one-dataset-out ECE of a feature set, over the sets of a type. */
 function pooledEce(items: readonly ConfidenceItem[], held: Map<string, number[]>): number {
   let sum = 0;
@@ -145,7 +172,7 @@ export interface ConfidenceFit {
   /** The maps to ship, per type (a type whose map did not beat the shipped maps held out is absent). */
   maps: Partial<Record<MapType, ConfidenceMap>>;
   /** Per type, the feature set chosen and the pooled held-out ECE of each candidate and of the shipped maps. */
-  choice: Partial<Record<MapType, { features: string[]; candidates: { features: string[]; ece: number }[]; shipped: number; ships: boolean }>>;
+  choice: Partial<Record<MapType, { features: string[]; candidates: { features: string[]; ece: number; keepsAccuracy: boolean }[]; shipped: number; ships: boolean }>>;
   rows: ConfidenceRow[];
 }
 
@@ -160,10 +187,11 @@ export function shippedProbability(it: FitItem, maps: CalibrationMaps | null): n
 
 /**
  * Fits every type's map: per type, each candidate feature set is judged by its
- * pooled leave-one-dataset-out ECE, the best is fitted on every set and ships
- * where it beats the maps shipped before, judged on the same readings, and
- * answers no set worse than they do. A type
- * with fewer than two sets is not fitted (nothing to hold out).
+ * pooled leave-one-dataset-out ECE; of those that, held out, answer as many
+ * right over the sets as the maps shipped before and no set worse beyond
+ * chance (answersWorse), the lowest is fitted on every set and ships where it
+ * beats the shipped maps' ECE on the same readings. A type with fewer than
+ * two sets is not fitted (nothing to hold out).
  */
 export function fitConfidence(fitItems: readonly FitItem[], shipped: CalibrationMaps | null): ConfidenceFit {
   const withReading = fitItems.filter((it) => it.reading && !it.reading.shortlisted);
@@ -174,24 +202,32 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
     const idx = items.flatMap((it, i) => (it.type === type ? [i] : []));
     const mine = idx.map((i) => items[i]!);
     if (new Set(mine.map((it) => it.dataset)).size < 2) continue;
-    const candidates = CANDIDATES[type].map((features) => ({ features, held: leaveOneDatasetOutConfidence(mine, features) }));
-    const scored = candidates.map((c) => ({ features: c.features, ece: pooledEce(mine, c.held) }));
-    const best = scored.reduce((a, b) => (b.ece < a.ece ? b : a));
-    const held = candidates[scored.indexOf(best)]!.held;
     const shippedHeld = new Map<string, number[]>();
     for (const i of idx) {
       const ds = items[i]!.dataset;
       shippedHeld.set(ds, [...(shippedHeld.get(ds) ?? []), before[i]!]);
     }
     const shippedEce = pooledEce(mine, shippedHeld);
-    const rows = [...held].map(([ds, p]) => {
-      const set = mine.filter((it) => it.dataset === ds);
-      return { dataset: ds, type, shipped: scoreConfidence(set, shippedHeld.get(ds)!), heldOut: scoreConfidence(set, p) };
+    const setOf = (ds: string) => mine.filter((it) => it.dataset === ds);
+    const rowsOf = (held: Map<string, number[]>): ConfidenceRow[] =>
+      [...held].map(([ds, p]) => ({ dataset: ds, type, shipped: scoreConfidence(setOf(ds), shippedHeld.get(ds)!), heldOut: scoreConfidence(setOf(ds), p) }));
+    // A noul map moves the 0.5 line: held out, it must answer as many right over the sets (each
+    // weighing the same) and no set worse by more than chance explains (answersWorse).
+    const keepsAccuracy = (held: Map<string, number[]>): boolean => {
+      const rows = rowsOf(held);
+      const meanAccuracy = (pick: (r: ConfidenceRow) => ConfidenceScore) => rows.reduce((s, r) => s + (pick(r).accuracy ?? 0), 0) / rows.length;
+      return meanAccuracy((r) => r.heldOut) >= meanAccuracy((r) => r.shipped) && [...held].every(([ds, p]) => !answersWorse(setOf(ds), shippedHeld.get(ds)!, p));
+    };
+    const scored = CANDIDATES[type].map((features) => {
+      const held = leaveOneDatasetOutConfidence(mine, features);
+      return { features, ece: pooledEce(mine, held), keeps: keepsAccuracy(held), held };
     });
-    // A noul map moves the 0.5 line: it must not answer worse on any set, held out.
-    const keepsAccuracy = rows.every((r) => (r.heldOut.accuracy ?? 0) >= (r.shipped.accuracy ?? 0));
-    const ships = best.ece < shippedEce && keepsAccuracy;
-    fit.choice[type] = { features: best.features, candidates: scored, shipped: shippedEce, ships };
+    // The lowest pooled ECE among the candidates that keep accuracy; else the lowest (reported, not shipped).
+    const keeping = scored.filter((c) => c.keeps);
+    const best = (keeping.length > 0 ? keeping : scored).reduce((a, b) => (b.ece < a.ece ? b : a));
+    const ships = best.keeps && best.ece < shippedEce;
+    const rows = rowsOf(best.held);
+    fit.choice[type] = { features: best.features, candidates: scored.map((c) => ({ features: c.features, ece: c.ece, keepsAccuracy: c.keeps })), shipped: shippedEce, ships };
     if (ships) fit.maps[type] = fitConfidenceMap(mine, best.features);
     fit.rows.push(...rows);
   }
@@ -212,8 +248,8 @@ export function confidenceTable(fit: ConfidenceFit): string {
   ];
   const notes = Object.entries(fit.choice).map(
     ([type, c]) =>
-      `${type}: features ${c!.features.join(", ")} (pooled LODO ECE ${c!.candidates.map((x) => `[${x.features.join(",")}] ${x.ece.toFixed(3)}`).join("; ")}; shipped maps ${c!.shipped.toFixed(3)})` +
-      (c!.ships ? "" : ": not shipped (no lower ECE than the shipped maps, or a set answered worse)"),
+      `${type}: features ${c!.features.join(", ")} (pooled LODO ECE ${c!.candidates.map((x) => `[${x.features.join(",")}] ${x.ece.toFixed(3)}${x.keepsAccuracy ? "" : " (answers worse)"}`).join("; ")}; shipped maps ${c!.shipped.toFixed(3)})` +
+      (c!.ships ? "" : ": not shipped (no lower ECE than the shipped maps, fewer answered right over the sets, or a set answered worse beyond chance)"),
   );
   return [...lines, "", ...notes].join("\n") + "\n";
 }

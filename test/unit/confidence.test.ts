@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { answer, applyConfidenceMap, calibrationForMode, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
-import { confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
+import { answersWorse, confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
 import type { FitItem } from "../../src/eval/calibrate.js";
 import { mulberry32 } from "../../src/eval/calibrate.js";
 
@@ -44,6 +44,21 @@ describe("noulFeatures", () => {
     expect(f.prior).toBeLessThan(0);
     expect(f.agree).toBe(1);
     expect(f.z).toBeCloseTo(f.raw! - f.prior!, 9);
+  });
+
+  it("reads the prefix's length, and weighs nothing where it was not recorded", () => {
+    const r = reading([log([0.8, 0.2])]);
+    expect(noulFeatures(r).len).toBe(0);
+    expect(noulFeatures(r).zlen).toBe(0);
+    const long = noulFeatures({ ...r, prefixTokens: 128 * Math.E ** 2 });
+    expect(long.len).toBeCloseTo(2, 9);
+    expect(long.zlen).toBeCloseTo(2 * long.z!, 9);
+    expect(long.rawlen).toBeCloseTo(2 * long.raw!, 9);
+    // The same reading after a longer prefix: a map with a negative zlen weight trusts it less.
+    const map = { bias: 0, weights: { z: 2, zlen: -0.8 } };
+    const short = noulFeatures({ ...r, prefixTokens: 64 });
+    expect(applyConfidenceMap(map, short)).toBeGreaterThan(applyConfidenceMap(map, long));
+    expect(optionFeatures({ ...reading([log([0.6, 0.3, 0.1])]), prefixTokens: 128 * Math.E }).toplen).toBeCloseTo(optionFeatures(reading([log([0.6, 0.3, 0.1])])).top!, 9);
   });
 });
 
@@ -168,5 +183,19 @@ describe("fitting a confidence map", () => {
     expect(c.heldOut.accuracy!).toBeLessThan(c.shipped.accuracy!);
     expect(fit.choice.noul!.ships).toBe(false);
     expect(fit.maps.noul).toBeUndefined();
+  });
+
+  it("calls a set answered worse only beyond chance (one-sided McNemar)", () => {
+    const items = (n: number): ConfidenceItem[] => Array.from({ length: n }, () => ({ dataset: "s", type: "noul", features: {}, y: true, gold: true }));
+    const set = items(150);
+    const right = set.map(() => 0.9);
+    // Two items turned wrong, none right: within chance (2 > 1.645·√2 = 2.33 is false)...
+    expect(answersWorse(set, right, right.map((p, i) => (i < 2 ? 0.1 : p)))).toBe(false);
+    // ...four turned wrong, none right, is not (4 > 3.29); nor is 12 wrong against 2 right (10 > 6.16).
+    expect(answersWorse(set, right, right.map((p, i) => (i < 4 ? 0.1 : p)))).toBe(true);
+    const mixed = right.map((p, i) => (i < 2 ? 0.1 : p));
+    expect(answersWorse(set, mixed, mixed.map((p, i) => (i < 2 ? 0.9 : i < 14 ? 0.1 : p)))).toBe(true);
+    // The same answers either way is never worse.
+    expect(answersWorse(set, right, right)).toBe(false);
   });
 });
