@@ -2,8 +2,9 @@
 // Two calibration files on the same readings: for every item of an
 // `assay eval` results.json (which records what the engine read for each
 // question), or of an `assay calibrate --readouts` file, the answer under
-// each file's maps, and per dataset the accuracy, the mean probability of the
-// answer and the ECE (15 bins). One model run, both sides: the figure is the
+// each file's maps, and per dataset, for each file, the accuracy (a noul map
+// moves the 0.5 line; a choice map never changes the choice), the mean
+// probability of the answer and the ECE (15 bins). One model run, both sides: the figure is the
 // maps' difference, not the machine's.
 //   node bench/confidence-compare.mjs RESULTS.json|READOUTS.json BASELINE.json [CANDIDATE.json]
 // (CANDIDATE defaults to the build's shipped file in models/calibration/.)
@@ -41,8 +42,8 @@ function scored(item, type, fit) {
 
 const f3 = (x) => x.toFixed(3);
 const rows = [
-  `| dataset | type | n | accuracy | mean p, ${path.basename(baselineFile)} | ECE | mean p, ${path.basename(candidateFile)} | ECE |`,
-  "|---|---|---:|---:|---:|---:|---:|---:|",
+  `| dataset | type | n | accuracy, ${path.basename(baselineFile)} | mean p | ECE | accuracy, ${path.basename(candidateFile)} | mean p | ECE |`,
+  "|---|---|---:|---:|---:|---:|---:|---:|---:|",
 ];
 // A readouts file holds fit items (dataset, type, gold index, reading); noul's option 0 is "true".
 const argmax = (xs) => xs.indexOf(Math.max(...xs));
@@ -69,6 +70,6 @@ for (const d of sets) {
   };
   const b = side(baseline);
   const c = side(candidate);
-  rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(c.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
+  rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(b.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.acc)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
 }
 process.stdout.write(rows.join("\n") + "\n");

@@ -20,16 +20,8 @@ export type MapType = "noul" | "choice" | "score";
  * the pooled leave-one-dataset-out ECE.
  */
 export const CANDIDATES: Record<MapType, string[][]> = {
-  noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"], ["z", "zlen"], ["raw", "prior", "rawlen"], ["z", "zlen", "len"]],
-  choice: [
-    ["top"],
-    ["top", "agree"],
-    ["top", "agree", "toplen"],
-    ["top", "agree", "len", "toplen"],
-    ["top", "agree", "margin", "mean"],
-    ["top", "agree", "mean", "raw", "pull"],
-    ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"],
-  ],
+  noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"]],
+  choice: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
   score: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
 };
 

@@ -251,7 +251,7 @@ async function shortlist(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequ
     const share = logSumExp(top.map((o) => lp[o]!));
     const z2 = logSumExp(again[j]!.lp);
     keys.forEach((key, n) => (lp[q.keys.indexOf(key)] = share + again[j]!.lp[n]! - z2));
-    readings[i] = { lp, presentations: [lp], raw: lp, prior: null, shortlisted: true, prefixTokens: prepared.prefix.length };
+    readings[i] = { lp, presentations: [lp], raw: lp, prior: null, shortlisted: true };
   }
 }
 
@@ -303,7 +303,6 @@ async function read(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest, 
       raw: mean(raw),
       prior: content.length === presentations.length ? mean(content) : null,
       shortlisted: false,
-      prefixTokens: prepared.prefix.length,
     };
   });
 }

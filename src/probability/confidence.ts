@@ -32,12 +32,6 @@ export interface QuestionReading {
   prior: number[] | null;
   /** Read once by key and then again over a shortlist (many options). */
   shortlisted: boolean;
-  /**
-   * Tokens of the prompt prefix the question was read after (system text and
-   * state); absent where not recorded. A long state is read less reliably by
-   * a small model, so the same log-odds mean less there.
-   */
-  prefixTokens?: number;
 }
 
 /** A logistic model: σ(bias + Σ weights[f] · features[f]); a feature the map does not name weighs nothing. */
@@ -65,14 +59,6 @@ function argmaxOf(xs: readonly number[]): number {
   return best;
 }
 
-/**
- * Log of the prefix's length in units of 128 tokens (0 where not recorded):
- * a short message sits near 0, a page of text near 2.
- */
-function lengthOf(r: QuestionReading): number {
-  return r.prefixTokens && r.prefixTokens > 0 ? Math.log(r.prefixTokens / 128) : 0;
-}
-
 /** Log-odds of a probability given as a log-probability, clipped like `logit`. */
 const logitOfLog = (lp: number) => logit(Math.exp(lp));
 
@@ -89,9 +75,7 @@ const logitOfLog = (lp: number) => logit(Math.exp(lp));
  *   probability space (disagreement flattens it less than the log-space mean);
  * - `raw`: log-odds of m before the prior was taken off;
  * - `pull`: how much the prior favoured m, log(k · prior_m);
- * - `logk`: log of the number of options; `shortlisted`: 1 when read by key and shortlisted;
- * - `len`: log of the prefix's length (lengthOf); `toplen`: `top` × `len`, which lets a map trust
- *   the same reading less over a long state.
+ * - `logk`: log of the number of options; `shortlisted`: 1 when read by key and shortlisted.
  */
 export function optionFeatures(r: QuestionReading): Record<string, number> {
   const k = r.lp.length;
@@ -118,8 +102,6 @@ export function optionFeatures(r: QuestionReading): Record<string, number> {
     pull: prior ? Math.max(-20, Math.log(k) + prior[m]!) : 0,
     logk: Math.log(k),
     shortlisted: r.shortlisted ? 1 : 0,
-    len: lengthOf(r),
-    toplen: logitOfLog(lp[m]!) * lengthOf(r),
   };
 }
 
@@ -128,20 +110,19 @@ export function optionFeatures(r: QuestionReading): Record<string, number> {
  * `z` the answer's log-odds (prior off), `raw` the log-odds before the prior
  * was taken off, `prior` the prior's own log-odds, and `agree` the readings'
  * agreement (+1 all say true, −1 all say false; a statement is read both as
- * yes/no and as true/false). `len` is the log of the prefix's length
- * (lengthOf), and `zlen`, `rawlen` the log-odds times it: the slope a set
- * wants falls as its states grow (a short generated message read at z = 1.5
- * is as sure as a passage read at z = 4).
+ * yes/no and as true/false).
  */
 export function noulFeatures(r: QuestionReading): Record<string, number> {
   const odds = (xs: readonly number[]) => xs[0]! - xs[1]!;
   const clip = (x: number) => Math.max(-30, Math.min(30, x));
   const n = r.presentations.length;
   const agree = n > 0 ? r.presentations.reduce((s, p) => s + Math.sign(odds(p)), 0) / n : 0;
-  const z = clip(odds(r.lp));
-  const raw = clip(odds(r.raw));
-  const len = lengthOf(r);
-  return { z, raw, prior: r.prior ? clip(odds(r.prior)) : 0, agree, len, zlen: z * len, rawlen: raw * len };
+  return {
+    z: clip(odds(r.lp)),
+    raw: clip(odds(r.raw)),
+    prior: r.prior ? clip(odds(r.prior)) : 0,
+    agree,
+  };
 }
 
 export function featuresFor(type: "noul" | "choice" | "score", r: QuestionReading): Record<string, number> {

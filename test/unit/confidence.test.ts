@@ -45,21 +45,6 @@ describe("noulFeatures", () => {
     expect(f.agree).toBe(1);
     expect(f.z).toBeCloseTo(f.raw! - f.prior!, 9);
   });
-
-  it("reads the prefix's length, and weighs nothing where it was not recorded", () => {
-    const r = reading([log([0.8, 0.2])]);
-    expect(noulFeatures(r).len).toBe(0);
-    expect(noulFeatures(r).zlen).toBe(0);
-    const long = noulFeatures({ ...r, prefixTokens: 128 * Math.E ** 2 });
-    expect(long.len).toBeCloseTo(2, 9);
-    expect(long.zlen).toBeCloseTo(2 * long.z!, 9);
-    expect(long.rawlen).toBeCloseTo(2 * long.raw!, 9);
-    // The same reading after a longer prefix: a map with a negative zlen weight trusts it less.
-    const map = { bias: 0, weights: { z: 2, zlen: -0.8 } };
-    const short = noulFeatures({ ...r, prefixTokens: 64 });
-    expect(applyConfidenceMap(map, short)).toBeGreaterThan(applyConfidenceMap(map, long));
-    expect(optionFeatures({ ...reading([log([0.6, 0.3, 0.1])]), prefixTokens: 128 * Math.E }).toplen).toBeCloseTo(optionFeatures(reading([log([0.6, 0.3, 0.1])])).top!, 9);
-  });
 });
 
 describe("answer under a confidence map", () => {
