@@ -4,8 +4,8 @@
 // question), or of an `assay calibrate --readouts` file, the answer under
 // each file's maps, and per dataset, for each file, the accuracy (a noul map
 // moves the 0.5 line; a choice map never changes the choice), the mean
-// probability of the answer and the ECE (15 bins). One model run, both sides: the figure is the
-// maps' difference, not the machine's.
+// probability of the answer and the ECE (15 bins). One model run, both
+// sides: the figure is the maps' difference, not the machine's.
 //   node bench/confidence-compare.mjs RESULTS.json|READOUTS.json BASELINE.json [CANDIDATE.json]
 // (CANDIDATE defaults to the build's shipped file in models/calibration/.)
 import fs from "node:fs";

@@ -205,23 +205,21 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
       [...held].map(([ds, p]) => ({ dataset: ds, type, shipped: scoreConfidence(setOf(ds), shippedHeld.get(ds)!), heldOut: scoreConfidence(setOf(ds), p) }));
     // A noul map moves the 0.5 line: held out, it must answer as many right over the sets (each
     // weighing the same) and no set worse by more than chance explains (answersWorse).
-    const keepsAccuracy = (held: Map<string, number[]>): boolean => {
-      const rows = rowsOf(held);
-      const meanAccuracy = (pick: (r: ConfidenceRow) => ConfidenceScore) => rows.reduce((s, r) => s + (pick(r).accuracy ?? 0), 0) / rows.length;
-      return meanAccuracy((r) => r.heldOut) >= meanAccuracy((r) => r.shipped) && [...held].every(([ds, p]) => !answersWorse(setOf(ds), shippedHeld.get(ds)!, p));
-    };
+    const meanAccuracy = (rows: readonly ConfidenceRow[], pick: (r: ConfidenceRow) => ConfidenceScore) => rows.reduce((s, r) => s + (pick(r).accuracy ?? 0), 0) / rows.length;
     const scored = CANDIDATES[type].map((features) => {
       const held = leaveOneDatasetOutConfidence(mine, features);
-      return { features, ece: pooledEce(mine, held), keeps: keepsAccuracy(held), held };
+      const rows = rowsOf(held);
+      const keeps =
+        meanAccuracy(rows, (r) => r.heldOut) >= meanAccuracy(rows, (r) => r.shipped) && [...held].every(([ds, p]) => !answersWorse(setOf(ds), shippedHeld.get(ds)!, p));
+      return { features, ece: pooledEce(mine, held), keeps, rows };
     });
     // The lowest pooled ECE among the candidates that keep accuracy; else the lowest (reported, not shipped).
     const keeping = scored.filter((c) => c.keeps);
     const best = (keeping.length > 0 ? keeping : scored).reduce((a, b) => (b.ece < a.ece ? b : a));
     const ships = best.keeps && best.ece < shippedEce;
-    const rows = rowsOf(best.held);
     fit.choice[type] = { features: best.features, candidates: scored.map((c) => ({ features: c.features, ece: c.ece, keepsAccuracy: c.keeps })), shipped: shippedEce, ships };
     if (ships) fit.maps[type] = fitConfidenceMap(mine, best.features);
-    fit.rows.push(...rows);
+    fit.rows.push(...best.rows);
   }
   return fit;
 }
