@@ -6,17 +6,22 @@
 // moves the 0.5 line; a choice map never changes the choice), the mean
 // probability of the answer and the ECE (15 bins). One model run, both
 // sides: the figure is the maps' difference, not the machine's.
-//   node bench/confidence-compare.mjs RESULTS.json|READOUTS.json BASELINE.json [CANDIDATE.json]
+// With --time, also what answering costs under each file (the probability
+// stage: a confidence map computes its features per question), rounds
+// alternating between the two files.
+//   node bench/confidence-compare.mjs RESULTS.json|READOUTS.json BASELINE.json [CANDIDATE.json] [--time]
 // (CANDIDATE defaults to the build's shipped file in models/calibration/.)
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const { answer } = await import(path.join(ROOT, "dist", "src", "probability", "index.js"));
 const { reliability } = await import(path.join(ROOT, "dist", "src", "eval", "metrics.js"));
 
-const [resultsFile, baselineFile, candidateArg] = process.argv.slice(2);
+const { values: flags, positionals } = parseArgs({ options: { time: { type: "boolean", default: false } }, allowPositionals: true });
+const [resultsFile, baselineFile, candidateArg] = positionals;
 if (!resultsFile || !baselineFile) {
   process.stderr.write("usage: node bench/confidence-compare.mjs RESULTS.json BASELINE.json [CANDIDATE.json]\n");
   process.exit(2);
@@ -73,3 +78,25 @@ for (const d of sets) {
   rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(b.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.acc)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
 }
 process.stdout.write(rows.join("\n") + "\n");
+
+if (flags.time) {
+  const all = sets.flatMap((d) => d.items.filter((it) => it.main?.reading).map((it) => ({ it, type: d.type })));
+  const pass = (fit) => {
+    const t = performance.now();
+    for (const { it, type } of all) scored(it, type, fit);
+    return performance.now() - t;
+  };
+  for (let i = 0; i < 5; i++) (pass(baseline), pass(candidate));
+  const rounds = 40;
+  let b = 0;
+  let c = 0;
+  for (let i = 0; i < rounds; i++) {
+    b += pass(baseline);
+    c += pass(candidate);
+  }
+  const us = (ms) => ((ms * 1000) / (rounds * all.length)).toFixed(2);
+  process.stdout.write(
+    `\nanswering ${all.length} questions × ${rounds} rounds: ${us(b)} µs a question under ${path.basename(baselineFile)}, ` +
+      `${us(c)} µs under ${path.basename(candidateFile)} (ratio ${(c / b).toFixed(2)})\n`,
+  );
+}
