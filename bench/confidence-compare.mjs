@@ -4,7 +4,9 @@
 // question), or of an `assay calibrate --readouts` file, the answer under
 // each file's maps, and per dataset, for each file, the accuracy (a noul map
 // moves the 0.5 line; a choice map never changes the choice), the mean
-// probability of the answer and the ECE (15 bins). One model run, both
+// probability of the answer and the ECE (15 bins), and for a score set the
+// mean absolute error of the answer's `score` (the expected level, which a
+// score map moves). One model run, both
 // sides: the figure is the maps' difference, not the machine's.
 // With --time, also what answering costs under each file (the probability
 // stage: a confidence map computes its features per question), rounds
@@ -33,12 +35,16 @@ const candidateFile = candidateArg ?? path.join(ROOT, "models", "calibration", `
 const candidate = read(candidateFile);
 if (baseline.build_hash !== candidate.build_hash) throw new Error("the two files are fitted on different builds");
 
-/** [probability of the answer given, whether it is right] under a file's maps. */
+/** [probability of the answer given, whether it is right, score: |expected level − gold|] under a file's maps. */
 function scored(item, type, fit) {
   const r = item.main.reading;
   const keys = r.lp.map((_, i) => String(i));
   const a = answer({ type, keys }, r, fit);
   if (a.type === "noul") return [Math.max(a.noul, 1 - a.noul), a.noul > 0.5 === item.gold];
+  if (a.type === "score") {
+    const p = keys.map((k) => a.probabilities[k]);
+    return [Math.max(...p), item.main.pred === item.gold, Math.abs(a.score - item.gold)];
+  }
   const p = keys.map((k) => a.probabilities[k]);
   const m = p.indexOf(Math.max(...p));
   // The reading is in the dataset's option order; the readout's pred names the chosen option.
@@ -47,8 +53,8 @@ function scored(item, type, fit) {
 
 const f3 = (x) => x.toFixed(3);
 const rows = [
-  `| dataset | type | n | accuracy, ${path.basename(baselineFile)} | mean p | ECE | accuracy, ${path.basename(candidateFile)} | mean p | ECE |`,
-  "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+  `| dataset | type | n | accuracy, ${path.basename(baselineFile)} | mean p | ECE | score MAE | accuracy, ${path.basename(candidateFile)} | mean p | ECE | score MAE |`,
+  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ];
 // A readouts file holds fit items (dataset, type, gold index, reading); noul's option 0 is "true".
 const argmax = (xs) => xs.indexOf(Math.max(...xs));
@@ -71,11 +77,12 @@ for (const d of sets) {
     const s = items.map((it) => scored(it, type, fit));
     const conf = s.map(([c]) => c);
     const right = s.map(([, y]) => y);
-    return { acc: right.filter(Boolean).length / s.length, mean: conf.reduce((a, b) => a + b, 0) / s.length, ece: reliability(conf, right).ece };
+    const mae = type === "score" ? f3(s.reduce((a, [, , e]) => a + e, 0) / s.length) : "–";
+    return { acc: right.filter(Boolean).length / s.length, mean: conf.reduce((a, b) => a + b, 0) / s.length, ece: reliability(conf, right).ece, mae };
   };
   const b = side(baseline);
   const c = side(candidate);
-  rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(b.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${f3(c.acc)} | ${f3(c.mean)} | ${f3(c.ece)} |`);
+  rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(b.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${b.mae} | ${f3(c.acc)} | ${f3(c.mean)} | ${f3(c.ece)} | ${c.mae} |`);
 }
 process.stdout.write(rows.join("\n") + "\n");
 

@@ -524,6 +524,94 @@ def emails_deadline(r, n):
     return rows
 
 
+
+# ---- messages: how soon a reply is needed (score, 4 described levels) --------
+# The level is the scenario's: the message states what is at stake and when.
+URGENCY_LEVELS = [
+    "0 - no reply needed: an announcement, a thank-you, something to read",
+    "1 - this week: a question or request with no date close",
+    "2 - today: something is needed before the end of the day",
+    "3 - right now: work is stopped or something is failing at this moment",
+]
+URGENCY_SCENARIOS = [
+    [
+        "Just a heads-up that the office kitchen gets new coffee machines next month.",
+        "Thanks everyone for the great offsite, the photos are in the shared folder.",
+        "FYI: the quarterly report is published on the intranet, no action needed.",
+        "Welcome {name2} to the team, who joins us from the Berlin office.",
+        "The minutes of Monday's meeting are attached for your records.",
+    ],
+    [
+        "When you get a chance this week, could you review my draft of the onboarding guide?",
+        "Could you send me the slides from your talk at some point? No rush.",
+        "Do you have ideas for the team lunch next month? Let me know by Friday.",
+        "Could we find a slot next week to talk about the roadmap?",
+        "Would you update your details in the staff directory sometime soon?",
+    ],
+    [
+        "I need your signature on the contract before 5 pm today so it goes out tonight.",
+        "Can you send me the figures by this afternoon? The board pack closes at the end of the day.",
+        "Please confirm the venue booking today, the hold expires tonight.",
+        "The client wants our answer by the end of today; can you check the quote?",
+        "Could you approve the expense report today? Payroll closes tonight.",
+    ],
+    [
+        "The checkout on our website is down right now and no customer can pay.",
+        "Production is failing at this moment: every order since 10:05 is stuck.",
+        "I am locked out of the server in the middle of the release and everything is stopped.",
+        "The payment system is rejecting all transactions as we speak.",
+        "The whole support team cannot log in at the moment; calls are piling up.",
+    ],
+]
+
+
+def messages_urgency(r, n):
+    rows = []
+    for i, level in enumerate(balanced(r, [0, 1, 2, 3], n)):
+        body = r.choice(URGENCY_SCENARIOS[level]).format(name2=r.choice(NAMES))
+        text = f"{r.choice(['Hi,', 'Hello all,', 'Hi team,', 'Hey,'])}\n{body}\n{r.choice(NAMES)}"
+        rows.append({
+            "id": f"messages-urgency-{i}",
+            "source": "assay scripts/question_sets.py (generated workplace messages)",
+            "text": text,
+            "question": "How soon does this message need a reply or an action?",
+            "levels": URGENCY_LEVELS,
+            "level": level,
+        })
+    return rows
+
+
+# ---- event feedback: how satisfied (score, 5 short level names) --------------
+# Short names are read by name and by their listed position, the other score
+# readout: a fit with only numbered described levels would learn one regime.
+SATISFACTION_LEVELS = ["very unhappy", "unhappy", "mixed", "happy", "delighted"]
+FEEDBACK = [
+    ["A waste of a whole day; I left at lunch and want my fee back.", "Badly organised from start to finish and the talks were useless.", "The worst conference I have been to; I will not come again."],
+    ["The talks were mostly dull and the rooms too crowded.", "I expected more; the sessions were shallow and ran late.", "Not great: poor sound and little new content."],
+    ["Some good talks, some weak ones; the catering was poor.", "The keynote was excellent but the workshops were disorganised.", "Interesting people, but the venue was hard to reach and cold."],
+    ["Good talks and well run; I learned a few useful things.", "A nice day overall, the workshops were practical.", "Well organised and friendly; worth the ticket."],
+    ["Absolutely brilliant, the best event I have attended in years!", "Every session was superb; I am already booked for next year.", "Outstanding from start to finish, thank you so much!"],
+]
+FEEDBACK_EXTRAS = ["I attended the second day only.", "This was my first time at the event.", "I came with two colleagues.", "I followed the data track.", ""]
+
+
+def feedback_satisfaction(r, n):
+    rows = []
+    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
+        parts = [r.choice(FEEDBACK_EXTRAS), r.choice(FEEDBACK[level])]
+        if r.random() < 0.5:
+            parts.reverse()
+        rows.append({
+            "id": f"feedback-satisfaction-{i}",
+            "source": "assay scripts/question_sets.py (generated event feedback)",
+            "text": " ".join(p for p in parts if p),
+            "question": "How satisfied is the attendee with the event?",
+            "levels": SATISFACTION_LEVELS,
+            "level": level,
+        })
+    return rows
+
+
 FIT_SETS = {
     "choice_tickets_queue": (tickets_queue, 120),
     "noul_tickets_angry": (tickets_angry, 120),
@@ -533,6 +621,8 @@ FIT_SETS = {
     "choice_news_section": (news_section, 100),
     "choice_emails_action": (emails_action, 100),
     "noul_emails_deadline": (emails_deadline, 100),
+    "score_messages_urgency": (messages_urgency, 100),
+    "score_feedback_satisfaction": (feedback_satisfaction, 100),
 }
 
 # ---- kept out of every fit: kinds no map has seen --------------------------
@@ -645,9 +735,41 @@ def reviews_recommend(r, n):
     return rows
 
 
+# A score kind with described levels, kept out like the review kinds.
+DAMAGE_LEVELS = [
+    "0 - intact: the item arrived undamaged",
+    "1 - cosmetic: a scratch or dent that does not affect use",
+    "2 - partly broken: a part is broken or missing but the item still works in part",
+    "3 - unusable: the item does not work at all or is destroyed",
+]
+DAMAGE_REPORTS = [
+    ["{item} arrived in perfect condition, well packed.", "Everything was fine with {item}, not a mark on it.", "{item} came safe and sound in its original box."],
+    ["There is a small scratch on {item}, but it works fine.", "The box was dented and {item} has a tiny scuff; no problem using it.", "A bit of paint is chipped on {item}, otherwise it is fine."],
+    ["One of the parts of {item} snapped off in transit; the rest still works.", "{item} works, but the lid is cracked and a knob is missing.", "The cable of {item} was torn, so only some functions work."],
+    ["{item} was smashed to pieces when I opened the box.", "{item} does not switch on at all; the inside rattles.", "{item} arrived soaked and completely dead."],
+]
+
+
+def deliveries_damage(r, n):
+    rows = []
+    for i, level in enumerate(balanced(r, [0, 1, 2, 3], n)):
+        report = r.choice(DAMAGE_REPORTS[level]).format(item=r.choice(ITEMS))
+        report = report[0].upper() + report[1:]
+        rows.append({
+            "id": f"deliveries-damage-{i}",
+            "source": "assay scripts/question_sets.py (generated delivery reports)",
+            "text": f"Order {order_no(r)}. {report}",
+            "question": "How badly was the delivered item damaged?",
+            "levels": DAMAGE_LEVELS,
+            "level": level,
+        })
+    return rows
+
+
 HELD_OUT_SETS = {
     "choice_reviews_aspect": (reviews_aspect, 100),
     "noul_reviews_recommend": (reviews_recommend, 100),
+    "score_deliveries_damage": (deliveries_damage, 100),
 }
 
 

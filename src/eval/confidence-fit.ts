@@ -22,7 +22,9 @@ export type MapType = "noul" | "choice" | "score";
 export const CANDIDATES: Record<MapType, string[][]> = {
   noul: [["z"], ["raw", "prior"], ["raw", "prior", "agree"], ["z", "raw", "agree"]],
   choice: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
-  score: [["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
+  // score also tries agreement alone: the chosen level's own log-odds sits on a scale of its readout
+  // (named levels read by name and by position, described ones by number), which agreement does not.
+  score: [["agree"], ["top"], ["top", "agree"], ["top", "agree", "margin", "mean"], ["top", "agree", "mean", "raw", "pull"], ["top", "agree", "margin", "spread", "mean", "raw", "pull", "logk"]],
 };
 
 /** One question as the confidence fit sees it. */
@@ -177,6 +179,30 @@ export function shippedProbability(it: FitItem, maps: CalibrationMaps | null): n
   return Math.max(...Object.values(a.probabilities));
 }
 
+/** The answer's probabilities over the options under the shipped maps. */
+function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[] {
+  const reading = it.reading as QuestionReading;
+  const keys = reading.lp.map((_, i) => String(i));
+  const a = answer({ type: it.type, keys }, reading, maps);
+  return a.type === "noul" ? [a.noul, 1 - a.noul] : keys.map((k) => a.probabilities[k]!);
+}
+
+/**
+ * score: how far the expected level (the answer's `score`) falls from the gold
+ * level when the chosen level's probability is `top` and the other levels keep
+ * their shipped proportions, as a confidence map sets them (mappedProbabilities).
+ */
+export function expectedLevelError(dist: readonly number[], gold: number, top?: number): number {
+  const m = argmaxIndex(dist);
+  const rest = 1 - dist[m]!;
+  let expected = 0;
+  dist.forEach((q, i) => {
+    const p = top === undefined ? q : i === m ? top : rest > 0 ? (q * (1 - top)) / rest : (1 - top) / (dist.length - 1);
+    expected += p * i;
+  });
+  return Math.abs(expected - gold);
+}
+
 /**
  * Fits every type's map: per type, each candidate feature set is judged by its
  * pooled leave-one-dataset-out ECE; of those that, held out, answer as many
@@ -189,6 +215,7 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
   const withReading = fitItems.filter((it) => it.reading && !it.reading.shortlisted);
   const items = confidenceItems(withReading);
   const before = withReading.map((it) => shippedProbability(it, shipped));
+  const dists = withReading.map((it) => (it.type === "score" ? shippedDistribution(it, shipped) : null));
   const fit: ConfidenceFit = { maps: {}, choice: {}, rows: [] };
   for (const type of ["noul", "choice", "score"] as const) {
     const idx = items.flatMap((it, i) => (it.type === type ? [i] : []));
@@ -206,11 +233,24 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
     // A noul map moves the 0.5 line: held out, it must answer as many right over the sets (each
     // weighing the same) and no set worse by more than chance explains (answersWorse).
     const meanAccuracy = (rows: readonly ConfidenceRow[], pick: (r: ConfidenceRow) => ConfidenceScore) => rows.reduce((s, r) => s + (pick(r).accuracy ?? 0), 0) / rows.length;
+    // A score map also moves the expected level (the answer's `score`): held out, its mean error over
+    // the sets (each weighing the same) must not grow.
+    const idxOf = new Map<string, number[]>();
+    for (const i of idx) idxOf.set(items[i]!.dataset, [...(idxOf.get(items[i]!.dataset) ?? []), i]);
+    const levelError = (held: Map<string, number[]> | null) =>
+      mean(
+        [...idxOf].map(([ds, ii]) =>
+          mean(ii.map((i, j) => expectedLevelError(dists[i]!, withReading[i]!.gold, held ? held.get(ds)![j]! : undefined))) ?? 0,
+        ),
+      ) ?? 0;
+    const shippedLevelError = type === "score" ? levelError(null) : 0;
     const scored = CANDIDATES[type].map((features) => {
       const held = leaveOneDatasetOutConfidence(mine, features);
       const rows = rowsOf(held);
       const keeps =
-        meanAccuracy(rows, (r) => r.heldOut) >= meanAccuracy(rows, (r) => r.shipped) && [...held].every(([ds, p]) => !answersWorse(setOf(ds), shippedHeld.get(ds)!, p));
+        meanAccuracy(rows, (r) => r.heldOut) >= meanAccuracy(rows, (r) => r.shipped) &&
+        [...held].every(([ds, p]) => !answersWorse(setOf(ds), shippedHeld.get(ds)!, p)) &&
+        (type !== "score" || levelError(held) <= shippedLevelError);
       return { features, ece: pooledEce(mine, held), keeps, rows };
     });
     // The lowest pooled ECE among the candidates that keep accuracy; else the lowest (reported, not shipped).

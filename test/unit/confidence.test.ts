@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { answer, applyConfidenceMap, calibrationForMode, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
-import { answersWorse, confidenceItems, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
+import { answersWorse, confidenceItems, expectedLevelError, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
 import type { FitItem } from "../../src/eval/calibrate.js";
 import { mulberry32 } from "../../src/eval/calibrate.js";
 
@@ -168,6 +168,33 @@ describe("fitting a confidence map", () => {
     expect(c.heldOut.accuracy!).toBeLessThan(c.shipped.accuracy!);
     expect(fit.choice.noul!.ships).toBe(false);
     expect(fit.maps.noul).toBeUndefined();
+  });
+
+  it("measures the expected level's error with the chosen level set and the others in proportion", () => {
+    // E = 0.6 + 2·0.3 = 1.2; with the top at 0.9 the rest keep 1:3, so E = 0.9 + 2·0.075 = 1.05.
+    expect(expectedLevelError([0.1, 0.6, 0.3], 1)).toBeCloseTo(0.2, 12);
+    expect(expectedLevelError([0.1, 0.6, 0.3], 1, 0.9)).toBeCloseTo(0.05, 12);
+  });
+
+  it("does not ship a score map that moves the expected level away from the gold one, however much it lowers the ECE", () => {
+    const rand = mulberry32(7);
+    // Five levels read almost flat, level 0 a little ahead: right 45% of the time, and wrong with the
+    // gold level at the far end. A map that states the 45% sharpens the reading toward level 0, which
+    // calibrates it and moves the expected level (the answer's score) away from the gold level on average.
+    const items: FitItem[] = [];
+    for (const dataset of ["a", "b", "c"]) {
+      for (let i = 0; i < 200; i++) {
+        const gold = rand() < 0.45 ? 0 : 4;
+        const top = 0.22 + rand() * 0.01;
+        const rest = (1 - top) / 4;
+        const r = reading([0, 1].map(() => log([top, rest, rest, rest, rest])));
+        items.push({ dataset, type: "score", lp: r.lp, gold, reading: r });
+      }
+    }
+    const fit = fitConfidence(items, null);
+    for (const r of fit.rows.filter((x) => x.type === "score")) expect(r.heldOut.ece!).toBeLessThan(r.shipped.ece!);
+    expect(fit.choice.score!.candidates.every((c) => !c.keepsAccuracy)).toBe(true);
+    expect(fit.maps.score).toBeUndefined();
   });
 
   it("calls a set answered worse only beyond chance (one-sided McNemar)", () => {
