@@ -6,7 +6,7 @@
  * whether it carries to a kind of question it never saw.
  */
 import type { CalibrationMaps, ConfidenceMap, QuestionReading } from "../probability/index.js";
-import { answer, applyConfidenceMap, featuresFor } from "../probability/index.js";
+import { answer, applyConfidenceMap, featuresFor, withTop } from "../probability/index.js";
 import type { FitItem } from "./calibrate.js";
 import { eceFloor } from "./calibrate.js";
 import { newtonLogistic } from "./fitting.js";
@@ -190,17 +190,11 @@ function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[
 /**
  * score: how far the expected level (the answer's `score`) falls from the gold
  * level when the chosen level's probability is `top` and the other levels keep
- * their shipped proportions, as a confidence map sets them (mappedProbabilities).
+ * their shipped proportions, as a confidence map sets them (withTop).
  */
 export function expectedLevelError(dist: readonly number[], gold: number, top?: number): number {
-  const m = argmaxIndex(dist);
-  const rest = 1 - dist[m]!;
-  let expected = 0;
-  dist.forEach((q, i) => {
-    const p = top === undefined ? q : i === m ? top : rest > 0 ? (q * (1 - top)) / rest : (1 - top) / (dist.length - 1);
-    expected += p * i;
-  });
-  return Math.abs(expected - gold);
+  const p = top === undefined ? dist : withTop(dist, argmaxIndex(dist), top);
+  return Math.abs(p.reduce((s, x, i) => s + x * i, 0) - gold);
 }
 
 /**

@@ -131,7 +131,7 @@ export function labelProbabilities(lp: readonly number[], t: number, map: Platt 
  * hand the answer to whichever option is listed first, and a map must change
  * how sure the answer is, never the answer.
  */
-function withTop(q: readonly number[], m: number, top: number): number[] {
+export function withTop(q: readonly number[], m: number, top: number): number[] {
   const rest = 1 - q[m]!;
   if (!(rest > 0) || !Number.isFinite(top)) return [...q];
   let second = 0;
