@@ -41,14 +41,10 @@ function scored(item, type, fit) {
   const keys = r.lp.map((_, i) => String(i));
   const a = answer({ type, keys }, r, fit);
   if (a.type === "noul") return [Math.max(a.noul, 1 - a.noul), a.noul > 0.5 === item.gold];
-  if (a.type === "score") {
-    const p = keys.map((k) => a.probabilities[k]);
-    return [Math.max(...p), item.main.pred === item.gold, Math.abs(a.score - item.gold)];
-  }
   const p = keys.map((k) => a.probabilities[k]);
   const m = p.indexOf(Math.max(...p));
   // The reading is in the dataset's option order; the readout's pred names the chosen option.
-  return [p[m], item.main.pred === item.gold];
+  return [p[m], item.main.pred === item.gold, a.type === "score" ? Math.abs(a.score - item.gold) : null];
 }
 
 const f3 = (x) => x.toFixed(3);

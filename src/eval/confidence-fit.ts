@@ -170,16 +170,7 @@ export interface ConfidenceFit {
   rows: ConfidenceRow[];
 }
 
-/** The answer's probability of the predicted class (choice/score) or of "true" (noul) under the shipped maps. */
-export function shippedProbability(it: FitItem, maps: CalibrationMaps | null): number {
-  const reading = it.reading as QuestionReading;
-  const keys = reading.lp.map((_, i) => String(i));
-  const a = answer({ type: it.type, keys }, reading, maps);
-  if (a.type === "noul") return a.noul;
-  return Math.max(...Object.values(a.probabilities));
-}
-
-/** The answer's probabilities over the options under the shipped maps. */
+/** The answer's probabilities over the options under the shipped maps (noul: [true, false]). */
 function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[] {
   const reading = it.reading as QuestionReading;
   const keys = reading.lp.map((_, i) => String(i));
@@ -208,18 +199,17 @@ export function expectedLevelError(dist: readonly number[], gold: number, top?: 
 export function fitConfidence(fitItems: readonly FitItem[], shipped: CalibrationMaps | null): ConfidenceFit {
   const withReading = fitItems.filter((it) => it.reading && !it.reading.shortlisted);
   const items = confidenceItems(withReading);
-  const before = withReading.map((it) => shippedProbability(it, shipped));
-  const dists = withReading.map((it) => (it.type === "score" ? shippedDistribution(it, shipped) : null));
+  const dists = withReading.map((it) => shippedDistribution(it, shipped));
+  // The probability a confidence map gives: of "true" for noul, of the chosen option otherwise.
+  const before = dists.map((d, i) => (withReading[i]!.type === "noul" ? d[0]! : Math.max(...d)));
   const fit: ConfidenceFit = { maps: {}, choice: {}, rows: [] };
   for (const type of ["noul", "choice", "score"] as const) {
     const idx = items.flatMap((it, i) => (it.type === type ? [i] : []));
     const mine = idx.map((i) => items[i]!);
     if (new Set(mine.map((it) => it.dataset)).size < 2) continue;
-    const shippedHeld = new Map<string, number[]>();
-    for (const i of idx) {
-      const ds = items[i]!.dataset;
-      shippedHeld.set(ds, [...(shippedHeld.get(ds) ?? []), before[i]!]);
-    }
+    const idxOf = new Map<string, number[]>();
+    for (const i of idx) idxOf.set(items[i]!.dataset, [...(idxOf.get(items[i]!.dataset) ?? []), i]);
+    const shippedHeld = new Map([...idxOf].map(([ds, ii]) => [ds, ii.map((i) => before[i]!)]));
     const shippedEce = pooledEce(mine, shippedHeld);
     const setOf = (ds: string) => mine.filter((it) => it.dataset === ds);
     const rowsOf = (held: Map<string, number[]>): ConfidenceRow[] =>
@@ -229,8 +219,6 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
     const meanAccuracy = (rows: readonly ConfidenceRow[], pick: (r: ConfidenceRow) => ConfidenceScore) => rows.reduce((s, r) => s + (pick(r).accuracy ?? 0), 0) / rows.length;
     // A score map also moves the expected level (the answer's `score`): held out, its mean error over
     // the sets (each weighing the same) must not grow.
-    const idxOf = new Map<string, number[]>();
-    for (const i of idx) idxOf.set(items[i]!.dataset, [...(idxOf.get(items[i]!.dataset) ?? []), i]);
     const levelError = (held: Map<string, number[]> | null) =>
       mean(
         [...idxOf].map(([ds, ii]) =>
