@@ -6,7 +6,7 @@
  * whether it carries to a kind of question it never saw.
  */
 import type { CalibrationMaps, ConfidenceMap, QuestionReading } from "../probability/index.js";
-import { answer, applyConfidenceMap, featuresFor, withTop } from "../probability/index.js";
+import { answer, applyConfidenceMap, featuresFor, nearChosen, withTop } from "../probability/index.js";
 import type { FitItem } from "./calibrate.js";
 import { eceFloor } from "./calibrate.js";
 import { newtonLogistic } from "./fitting.js";
@@ -162,11 +162,31 @@ function pooledEce(items: readonly ConfidenceItem[], held: Map<string, number[]>
   return n > 0 ? sum / n : Infinity;
 }
 
+/** score: one set's held-out figures under the map alone and with the spread (fitted on the other sets). */
+export interface SpreadRow {
+  dataset: string;
+  /** The spread fitted on the other sets. */
+  lambda: number;
+  /** Mean −log p(gold level): the map alone, then with the spread. */
+  logLoss: [number, number];
+  /** Mean |expected level − gold level|: the map alone, then with the spread. */
+  levelError: [number, number];
+}
+
+export interface SpreadFit {
+  /** Fitted on every set; shipped when `ships`. */
+  lambda: number;
+  rows: SpreadRow[];
+  ships: boolean;
+}
+
 export interface ConfidenceFit {
   /** The maps to ship, per type (a type whose map did not beat the shipped maps held out is absent). */
   maps: Partial<Record<MapType, ConfidenceMap>>;
   /** Per type, the feature set chosen and the pooled held-out ECE of each candidate and of the shipped maps. */
-  choice: Partial<Record<MapType, { features: string[]; candidates: { features: string[]; ece: number; keepsAccuracy: boolean }[]; shipped: number; ships: boolean }>>;
+  choice: Partial<
+    Record<MapType, { features: string[]; candidates: { features: string[]; ece: number; keepsAccuracy: boolean }[]; shipped: number; ships: boolean; spread?: SpreadFit }>
+  >;
   rows: ConfidenceRow[];
 }
 
@@ -183,9 +203,70 @@ function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[
  * level when the chosen level's probability is `top` and the other levels keep
  * their shipped proportions, as a confidence map sets them (withTop).
  */
-export function expectedLevelError(dist: readonly number[], gold: number, top?: number): number {
-  const p = top === undefined ? dist : withTop(dist, argmaxIndex(dist), top);
-  return Math.abs(p.reduce((s, x, i) => s + x * i, 0) - gold);
+export function expectedLevelError(dist: readonly number[], gold: number, top?: number, spread = 0): number {
+  return Math.abs(scoreDistribution(dist, top, spread).reduce((s, x, i) => s + x * i, 0) - gold);
+}
+
+/** A score answer's levels as a map sets them (mappedProbabilities): the chosen level at `top`, the others leaning toward it by `spread`. */
+function scoreDistribution(dist: readonly number[], top: number | undefined, spread: number): number[] {
+  if (top === undefined) return [...dist];
+  const m = argmaxIndex(dist);
+  return withTop(nearChosen(dist, m, spread), m, top);
+}
+
+/** One score item as the spread's fit sees it: its shipped levels, its gold level, and the map's probability of its chosen level. */
+export interface SpreadItem {
+  dist: readonly number[];
+  gold: number;
+  top: number;
+}
+
+const SPREAD_GRID = Array.from({ length: 201 }, (_, i) => i * 0.02);
+
+/**
+ * The spread λ ∈ [0, 4] (a grid of 0.02) with the lowest mean log-loss of the
+ * gold level, every set weighing the same. Log-loss, not the expected level's
+ * error: it judges the whole distribution, and the level error follows (it is
+ * reported and gated, not fitted).
+ */
+export function fitSpread(sets: readonly (readonly SpreadItem[])[]): number {
+  const loss = (lambda: number) => mean(sets.map((set) => spreadLogLoss(set, lambda))) ?? 0;
+  let best = 0;
+  let bestLoss = loss(0);
+  for (const lambda of SPREAD_GRID) {
+    const l = loss(lambda);
+    if (l < bestLoss - 1e-12) [best, bestLoss] = [lambda, l];
+  }
+  return best;
+}
+
+function spreadLogLoss(set: readonly SpreadItem[], lambda: number): number {
+  return mean(set.map((it) => -Math.log(Math.max(1e-12, scoreDistribution(it.dist, it.top, lambda)[it.gold]!)))) ?? 0;
+}
+
+/**
+ * The spread judged leave-one-dataset-out on top of a score map's features: for
+ * each set, the map and the spread are fitted on the other sets, and the set's
+ * log-loss and level error are compared with the map alone. It ships (fitted on
+ * every set) where both means over the sets, each weighing the same, fall.
+ */
+export function judgeSpread(items: readonly ConfidenceItem[], dists: readonly (readonly number[])[], golds: readonly number[], features: readonly string[], all: ConfidenceMap): SpreadFit {
+  const byDataset = new Map<string, number[]>();
+  items.forEach((it, i) => byDataset.set(it.dataset, [...(byDataset.get(it.dataset) ?? []), i]));
+  const spreadItems = (ii: readonly number[], map: ConfidenceMap) => ii.map((i) => ({ dist: dists[i]!, gold: golds[i]!, top: applyConfidenceMap(map, items[i]!.features) }));
+  const rows: SpreadRow[] = [];
+  for (const [ds, mine] of byDataset) {
+    const others = [...byDataset].filter(([d]) => d !== ds).map(([, ii]) => ii);
+    const map = fitConfidenceMap(others.flat().map((i) => items[i]!), features);
+    const lambda = fitSpread(others.map((ii) => spreadItems(ii, map)));
+    const held = spreadItems(mine, map);
+    const err = (l: number) => mean(held.map((it) => expectedLevelError(it.dist, it.gold, it.top, l))) ?? 0;
+    rows.push({ dataset: ds, lambda, logLoss: [spreadLogLoss(held, 0), spreadLogLoss(held, lambda)], levelError: [err(0), err(lambda)] });
+  }
+  const avg = (pick: (r: SpreadRow) => number) => mean(rows.map(pick)) ?? 0;
+  const ships = rows.length > 1 && avg((r) => r.logLoss[1]) < avg((r) => r.logLoss[0]) && avg((r) => r.levelError[1]) <= avg((r) => r.levelError[0]);
+  const lambda = fitSpread([...byDataset.values()].map((ii) => spreadItems(ii, all)));
+  return { lambda, rows, ships: ships && lambda > 0 };
 }
 
 /**
@@ -240,7 +321,15 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
     const best = (keeping.length > 0 ? keeping : scored).reduce((a, b) => (b.ece < a.ece ? b : a));
     const ships = best.keeps && best.ece < shippedEce;
     fit.choice[type] = { features: best.features, candidates: scored.map((c) => ({ features: c.features, ece: c.ece, keepsAccuracy: c.keeps })), shipped: shippedEce, ships };
-    if (ships) fit.maps[type] = fitConfidenceMap(mine, best.features);
+    if (ships) {
+      const map = fitConfidenceMap(mine, best.features);
+      fit.maps[type] = map;
+      if (type === "score") {
+        const spread = judgeSpread(mine, idx.map((i) => dists[i]!), idx.map((i) => withReading[i]!.gold), best.features, map);
+        fit.choice[type]!.spread = spread;
+        if (spread.ships) map.spread = spread.lambda;
+      }
+    }
     fit.rows.push(...best.rows);
   }
   return fit;
@@ -263,5 +352,15 @@ export function confidenceTable(fit: ConfidenceFit): string {
       `${type}: features ${c!.features.join(", ")} (pooled LODO ECE ${c!.candidates.map((x) => `[${x.features.join(",")}] ${x.ece.toFixed(3)}${x.keepsAccuracy ? "" : " (answers worse)"}`).join("; ")}; shipped maps ${c!.shipped.toFixed(3)})` +
       (c!.ships ? "" : ": not shipped (no lower ECE than the shipped maps, fewer answered right over the sets, or a set answered worse beyond chance)"),
   );
-  return [...lines, "", ...notes].join("\n") + "\n";
+  const spread = fit.choice.score?.spread;
+  const spreadLines = spread
+    ? [
+        "",
+        `score spread (the other levels weighted by exp(−λ·distance from the chosen one)), leave-one-dataset-out against the map alone: λ = ${spread.lambda.toFixed(2)} on every set, ${spread.ships ? "shipped" : "not shipped (no lower log-loss, or a larger level error, over the sets)"}`,
+        "| dataset | λ (other sets) | log-loss of the gold level, map → with spread | expected level's error, map → with spread |",
+        "|---|---:|---:|---:|",
+        ...spread.rows.map((r) => `| ${r.dataset} | ${r.lambda.toFixed(2)} | ${f(r.logLoss[0])} → ${f(r.logLoss[1])} | ${f(r.levelError[0])} → ${f(r.levelError[1])} |`),
+      ]
+    : [];
+  return [...lines, "", ...notes, ...spreadLines].join("\n") + "\n";
 }

@@ -11,7 +11,7 @@ import { ROOT, type ExecutionProvider } from "../config/index.js";
  * the keys this schema does not name are kept as they are.
  */
 /** One confidence map (src/probability/confidence.ts): σ(bias + Σ weights[f]·f). */
-const ConfidenceMap = z.object({ bias: z.number(), weights: z.record(z.string(), z.number()) });
+const ConfidenceMap = z.object({ bias: z.number(), weights: z.record(z.string(), z.number()), spread: z.number().nonnegative().optional() });
 
 export const CalibrationFit = z.looseObject({
   build_hash: z.string(),

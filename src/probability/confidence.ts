@@ -14,8 +14,8 @@ import { logit, logSumExp, sigmoid } from "./calibration.js";
  * judged leave-one-dataset-out), applied here.
  *
  * choice / score: it sets the probability of the chosen option (the others
- * keep their proportions, as under a top-label map); it never changes which
- * option is chosen. noul: it is the probability of "true" itself, a
+ * keep their proportions, as under a top-label map, or for score lean toward
+ * the chosen level by its `spread`); it never changes which option is chosen. noul: it is the probability of "true" itself, a
  * logistic model on the readings' log-odds with and without the prior, of
  * which the Platt map is the special case that weighs the prior fully.
  */
@@ -38,6 +38,13 @@ export interface QuestionReading {
 export interface ConfidenceMap {
   bias: number;
   weights: Record<string, number>;
+  /**
+   * score only: how the levels other than the chosen one m share the rest, each weighted by
+   * exp(−spread · |i − m|) on its own probability. A level next to the answer is a nearer miss than
+   * one at the far end of the scale; without it, the averaged readings (flat across the scale) pull
+   * the expected level toward the scale's middle. Absent or 0: in their own proportions.
+   */
+  spread?: number | undefined;
 }
 
 /** The confidence maps of a build, by question type. */

@@ -141,11 +141,29 @@ export function withTop(q: readonly number[], m: number, top: number): number[] 
   return q.map((x, i) => (i === m ? p : (x * (1 - p)) / rest));
 }
 
-/** A choice/score question's probabilities under a confidence map: softmax(lp / T), its argmax's probability set by the map. */
-export function mappedProbabilities(lp: readonly number[], t: number, map: ConfidenceMap, reading: QuestionReading): number[] {
+/**
+ * `q` with every option other than m weighted by exp(−λ·|i − m|) and the whole
+ * renormalised: on an ordered scale, the levels near the chosen one keep more
+ * of the rest. m stays the argmax (no weight exceeds its own, 1).
+ */
+export function nearChosen(q: readonly number[], m: number, lambda: number): number[] {
+  if (!(lambda > 0)) return [...q];
+  const w = q.map((x, i) => x * Math.exp(-lambda * Math.abs(i - m)));
+  const z = w.reduce((s, x) => s + x, 0);
+  return z > 0 ? w.map((x) => x / z) : [...q];
+}
+
+/**
+ * A choice/score question's probabilities under a confidence map: softmax(lp / T),
+ * its argmax's probability set by the map; for score, the other levels lean
+ * toward it by the map's spread.
+ */
+export function mappedProbabilities(lp: readonly number[], t: number, map: ConfidenceMap, reading: QuestionReading, type: "choice" | "score" = "choice"): number[] {
   const q = softmax(lp, t);
   if (q.length < 2) return q;
-  return withTop(q, argmax(lp), applyConfidenceMap(map, featuresFor("choice", reading)));
+  const m = argmax(lp);
+  const base = type === "score" && map.spread ? nearChosen(q, m, map.spread) : q;
+  return withTop(base, m, applyConfidenceMap(map, featuresFor(type, reading)));
 }
 
 /**
@@ -230,7 +248,7 @@ export function answer(
       if (map) return choiceFrom(q.keys, mappedProbabilities(lp, t, map, reading));
       return choiceAnswer(q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
     case "score":
-      if (map) return scoreFrom(q.levels ?? q.keys, mappedProbabilities(lp, t, map, reading));
+      if (map) return scoreFrom(q.levels ?? q.keys, mappedProbabilities(lp, t, map, reading, "score"));
       return scoreAnswer(q.levels ?? q.keys, lp, t, topLabelFor(fit, q.type, lp.length));
   }
 }

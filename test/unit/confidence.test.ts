@@ -1,10 +1,11 @@
 import { describe, expect, it } from "vitest";
-import { answer, applyConfidenceMap, calibrationForMode, noulFeatures, optionFeatures, singleReading, softmax, type QuestionReading } from "../../src/probability/index.js";
-import { answersWorse, confidenceItems, expectedLevelError, fitConfidence, fitConfidenceMap, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
+import { answer, applyConfidenceMap, calibrationForMode, nearChosen, noulFeatures, optionFeatures, singleReading, softmax, withTop, type QuestionReading } from "../../src/probability/index.js";
+import { answersWorse, confidenceItems, expectedLevelError, fitConfidence, fitConfidenceMap, fitSpread, setWeights, type ConfidenceItem } from "../../src/eval/confidence-fit.js";
 import type { FitItem } from "../../src/eval/calibrate.js";
 import { mulberry32 } from "../../src/eval/calibrate.js";
 
 const log = (ps: number[]) => ps.map(Math.log);
+const argmaxOf = (xs: readonly number[]) => xs.indexOf(Math.max(...xs));
 const reading = (presentations: number[][], prior: number[] | null = null): QuestionReading => {
   const norm = (xs: number[]) => {
     const m = Math.max(...xs);
@@ -64,6 +65,32 @@ describe("answer under a confidence map", () => {
     if (low.type !== "choice") throw new Error("not a choice");
     expect(low.choice).toBe("a");
     expect(low.probabilities.a).toBeGreaterThan(low.probabilities.b!);
+  });
+
+  it("leans a score's other levels toward the chosen one by the map's spread, and leaves choice alone", () => {
+    const r = reading([log([0.1, 0.4, 0.2, 0.1, 0.2]), log([0.1, 0.35, 0.25, 0.1, 0.2])]);
+    const levels = ["0", "1", "2", "3", "4"];
+    const plain = answer({ type: "score", keys: levels, levels }, r, fitWith({ score: { bias: 0.5, weights: {} } }));
+    const spread = answer({ type: "score", keys: levels, levels }, r, fitWith({ score: { bias: 0.5, weights: {}, spread: 1 } }));
+    if (plain.type !== "score" || spread.type !== "score") throw new Error("not a score");
+    const p = (a: typeof plain) => levels.map((l) => a.probabilities[l]!);
+    // The chosen level keeps the map's probability; the rest shifts toward it, so the expected level
+    // moves toward level 1 and the ordinal confidence rises.
+    expect(spread.probabilities["1"]).toBeCloseTo(1 / (1 + Math.exp(-0.5)), 12);
+    expect(p(spread)[0]! / p(spread)[2]!).toBeCloseTo(p(plain)[0]! / p(plain)[2]!, 9);
+    expect(p(spread)[2]! / p(spread)[3]!).toBeCloseTo((p(plain)[2]! / p(plain)[3]!) * Math.E, 9);
+    expect(p(spread)[2]! / p(spread)[4]!).toBeCloseTo((p(plain)[2]! / p(plain)[4]!) * Math.E ** 2, 9);
+    expect(Math.abs(spread.score - 1)).toBeLessThan(Math.abs(plain.score - 1));
+    expect(spread.confidence).toBeGreaterThan(plain.confidence);
+    // The same map on a choice question: its options have no order, so no spread.
+    const keys = ["a", "b", "c", "d", "e"];
+    const c1 = answer({ type: "choice", keys }, r, fitWith({ choice: { bias: 0.5, weights: {} } }));
+    const c2 = answer({ type: "choice", keys }, r, fitWith({ choice: { bias: 0.5, weights: {}, spread: 1 } }));
+    expect(c2).toEqual(c1);
+    // nearChosen keeps the chosen level the argmax, even from a tie.
+    const tied = nearChosen([0.4, 0.4, 0.2], 0, 0.5);
+    expect(tied[0]).toBeGreaterThan(tied[1]!);
+    expect(tied.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 12);
   });
 
   it("answers noul from the map's probability of true", () => {
@@ -195,6 +222,52 @@ describe("fitting a confidence map", () => {
     for (const r of fit.rows.filter((x) => x.type === "score")) expect(r.heldOut.ece!).toBeLessThan(r.shipped.ece!);
     expect(fit.choice.score!.candidates.every((c) => !c.keepsAccuracy)).toBe(true);
     expect(fit.maps.score).toBeUndefined();
+  });
+
+  it("fits the spread that the gold levels were drawn with, and none where misses land anywhere on the scale", () => {
+    const rand = mulberry32(3);
+    const draw = (p: readonly number[]) => {
+      let u = rand();
+      for (let i = 0; i < p.length; i++) if ((u -= p[i]!) < 0) return i;
+      return p.length - 1;
+    };
+    // Flat readings with level m chosen; the gold level drawn from the answer the spread λ = 0.7 would give.
+    const sets = [0, 1, 2].map(() =>
+      Array.from({ length: 400 }, () => {
+        const m = Math.floor(rand() * 5);
+        const dist = [0, 1, 2, 3, 4].map((i) => (i === m ? 0.3 : 0.175));
+        const top = 0.45 + rand() * 0.2;
+        return { dist, gold: draw(withTop(nearChosen(dist, m, 0.7), m, top)), top };
+      }),
+    );
+    expect(fitSpread(sets)).toBeGreaterThan(0.5);
+    expect(fitSpread(sets)).toBeLessThan(0.9);
+    // Misses spread evenly over the other levels: leaning toward the chosen one only costs.
+    const even = sets.map((set) => set.map((it) => ({ ...it, gold: draw(withTop(it.dist, argmaxOf(it.dist), it.top)) })));
+    expect(fitSpread(even)).toBeLessThan(0.1);
+  });
+
+  it("ships a score map's spread only where, held out, it lowers the log-loss without moving the level away", () => {
+    const rand = mulberry32(9);
+    // Four 5-level sets read in two orders that agree when right; misses land next to the chosen level.
+    const items: FitItem[] = [];
+    for (const dataset of ["a", "b", "c", "d"]) {
+      for (let i = 0; i < 150; i++) {
+        const m = Math.floor(rand() * 5);
+        const right = rand() < 0.7;
+        const gold = right ? m : m === 0 ? 1 : m === 4 ? 3 : m + (rand() < 0.5 ? -1 : 1);
+        const pres = [0, 1].map((j) => log([0, 1, 2, 3, 4].map((l) => (l === m ? (right || j === 0 ? 0.32 : 0.16) : l === gold && !right && j === 1 ? 0.3 : 0.17))));
+        const r = reading(pres);
+        items.push({ dataset, type: "score", lp: r.lp, gold, reading: r });
+      }
+    }
+    const fit = fitConfidence(items, null);
+    const spread = fit.choice.score!.spread!;
+    expect(fit.maps.score).toBeDefined();
+    expect(spread.rows.map((r) => r.dataset).sort()).toEqual(["a", "b", "c", "d"]);
+    for (const r of spread.rows) expect(r.logLoss[1]).toBeLessThan(r.logLoss[0]);
+    expect(spread.ships).toBe(true);
+    expect(fit.maps.score!.spread).toBe(spread.lambda);
   });
 
   it("calls a set answered worse only beyond chance (one-sided McNemar)", () => {
