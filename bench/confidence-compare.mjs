@@ -6,7 +6,8 @@
 // moves the 0.5 line; a choice map never changes the choice), the mean
 // probability of the answer and the ECE (15 bins), and for a score set the
 // mean absolute error of the answer's `score` (the expected level, which a
-// score map moves). One model run, both
+// score map moves), and below, per score set, the log-loss of the gold level
+// and the mean ordinal `confidence` (which a score map's spread moves). One model run, both
 // sides: the figure is the maps' difference, not the machine's.
 // With --time, also what answering costs under each file (the probability
 // stage: a confidence map computes its features per question), rounds
@@ -35,7 +36,10 @@ const candidateFile = candidateArg ?? path.join(ROOT, "models", "calibration", `
 const candidate = read(candidateFile);
 if (baseline.build_hash !== candidate.build_hash) throw new Error("the two files are fitted on different builds");
 
-/** [probability of the answer given, whether it is right, score: |expected level − gold|] under a file's maps. */
+/**
+ * [probability of the answer given, whether it is right, and for score: |expected level − gold|,
+ * −log p(gold level), the answer's `confidence`] under a file's maps.
+ */
 function scored(item, type, fit) {
   const r = item.main.reading;
   const keys = r.lp.map((_, i) => String(i));
@@ -44,10 +48,12 @@ function scored(item, type, fit) {
   const p = keys.map((k) => a.probabilities[k]);
   const m = p.indexOf(Math.max(...p));
   // The reading is in the dataset's option order; the readout's pred names the chosen option.
-  return [p[m], item.main.pred === item.gold, a.type === "score" ? Math.abs(a.score - item.gold) : null];
+  if (a.type !== "score") return [p[m], item.main.pred === item.gold];
+  return [p[m], item.main.pred === item.gold, Math.abs(a.score - item.gold), -Math.log(Math.max(1e-12, p[item.gold])), a.confidence];
 }
 
 const f3 = (x) => x.toFixed(3);
+const scoreRows = [];
 const rows = [
   `| dataset | type | n | accuracy, ${path.basename(baselineFile)} | mean p | ECE | score MAE | accuracy, ${path.basename(candidateFile)} | mean p | ECE | score MAE |`,
   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -73,14 +79,20 @@ for (const d of sets) {
     const s = items.map((it) => scored(it, type, fit));
     const conf = s.map(([c]) => c);
     const right = s.map(([, y]) => y);
-    const mae = type === "score" ? f3(s.reduce((a, [, , e]) => a + e, 0) / s.length) : "–";
-    return { acc: right.filter(Boolean).length / s.length, mean: conf.reduce((a, b) => a + b, 0) / s.length, ece: reliability(conf, right).ece, mae };
+    const avg = (j) => f3(s.reduce((a, x) => a + x[j], 0) / s.length);
+    const mae = type === "score" ? avg(2) : "–";
+    return { acc: right.filter(Boolean).length / s.length, mean: conf.reduce((a, b) => a + b, 0) / s.length, ece: reliability(conf, right).ece, mae, logLoss: type === "score" ? avg(3) : null, ordinal: type === "score" ? avg(4) : null };
   };
   const b = side(baseline);
   const c = side(candidate);
   rows.push(`| ${d.name} | ${type} | ${items.length} | ${f3(b.acc)} | ${f3(b.mean)} | ${f3(b.ece)} | ${b.mae} | ${f3(c.acc)} | ${f3(c.mean)} | ${f3(c.ece)} | ${c.mae} |`);
+  if (type === "score") scoreRows.push(`| ${d.name} | ${items.length} | ${b.logLoss} | ${b.ordinal} | ${c.logLoss} | ${c.ordinal} |`);
 }
 process.stdout.write(rows.join("\n") + "\n");
+if (scoreRows.length > 0) {
+  const head = `| score set | n | log-loss of the gold level, ${path.basename(baselineFile)} | mean confidence | log-loss, ${path.basename(candidateFile)} | mean confidence |`;
+  process.stdout.write(["", head, "|---|---:|---:|---:|---:|---:|", ...scoreRows].join("\n") + "\n");
+}
 
 if (flags.time) {
   const all = sets.flatMap((d) => d.items.filter((it) => it.main?.reading).map((it) => ({ it, type: d.type })));
