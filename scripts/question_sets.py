@@ -766,10 +766,46 @@ def deliveries_damage(r, n):
     return rows
 
 
+# A score kind with short level names (read by name and by position), written after the score map
+# and its spread were fitted: how often a survey respondent exercises.
+EXERCISE_LEVELS = ["never", "rarely", "sometimes", "often", "every day"]
+EXERCISE_ANSWERS = [
+    ["I have not done any exercise in years.", "Sport is just not part of my life at all.", "I don't work out, ever; the sofa is my gym.",
+     "I never go running or to the gym.", "Exercise? None whatsoever, I drive everywhere."],
+    ["Maybe a walk in the park two or three times a year.", "I went swimming once last summer and that was it.", "Once in a blue moon I play football with my nephews.",
+     "I hardly ever exercise, a hike every few months at most.", "I get on my bike a couple of times a year."],
+    ["I go for a run when I feel like it, some weeks yes, some weeks no.", "Now and then I join a yoga class, maybe twice a month.", "I swim occasionally, a few times a month.",
+     "Some months I train a bit, then I stop for a while.", "I play tennis every other weekend or so."],
+    ["I go to the gym three or four times a week.", "I run most weekdays, though I skip the odd one.", "I cycle to the pool several times a week.",
+     "Most evenings I do a workout, just not all of them.", "I train four times a week with my club."],
+    ["I run every single morning before work, without exception.", "I walk 10 km daily, rain or shine.", "Not a day goes by without my workout.",
+     "I do yoga each day of the week, it is part of my routine.", "I cycle to work and back every day of the year."],
+]
+EXERCISE_EXTRAS = ["I am 34 and work in an office.", "I live in the city centre.", "I have two kids.", "My job keeps me busy.", "I moved here last year.", ""]
+
+
+def habits_exercise(r, n):
+    rows = []
+    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
+        parts = [r.choice(EXERCISE_EXTRAS), r.choice(EXERCISE_ANSWERS[level])]
+        if r.random() < 0.5:
+            parts.reverse()
+        rows.append({
+            "id": f"habits-exercise-{i}",
+            "source": "assay scripts/question_sets.py (generated survey answers)",
+            "text": "Q: How much exercise do you do? A: " + " ".join(p for p in parts if p),
+            "question": "How often does the respondent exercise?",
+            "levels": EXERCISE_LEVELS,
+            "level": level,
+        })
+    return rows
+
+
 HELD_OUT_SETS = {
     "choice_reviews_aspect": (reviews_aspect, 100),
     "noul_reviews_recommend": (reviews_recommend, 100),
     "score_deliveries_damage": (deliveries_damage, 100),
+    "score_habits_exercise": (habits_exercise, 100),
 }
 
 
