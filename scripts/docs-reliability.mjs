@@ -14,7 +14,7 @@ import { parseArgs } from "node:util";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const OUT = path.join(ROOT, "docs", "reliability");
-export const HELD_OUT = ["bench/data/choice_reviews_aspect.jsonl", "bench/data/noul_reviews_recommend.jsonl", "bench/data/score_deliveries_damage.jsonl", "bench/data/score_habits_exercise.jsonl"];
+export const HELD_OUT = ["bench/data/choice_reviews_aspect.jsonl", "bench/data/noul_reviews_recommend.jsonl", "bench/data/score_deliveries_damage.jsonl", "bench/data/score_habits_exercise.jsonl", "bench/data/choice_trips_transport.jsonl", "bench/data/noul_messages_apology.jsonl"];
 
 const { values } = parseArgs({
   options: { model: { type: "string", default: "judge-latest" }, data: { type: "string", multiple: true }, from: { type: "string" } },

@@ -801,11 +801,93 @@ def habits_exercise(r, n):
     return rows
 
 
+# A choice kind with a description per option and a noul about a message's content, written after
+# every map shipped on 2026-12-05 was fitted.
+TRANSPORT = {
+    "train": "rail travel: train tickets, seat reservations, rail passes",
+    "flight": "air travel: plane tickets, baggage, check-in, airports",
+    "car": "a rental car: pick-up and drop-off, insurance, the car's size",
+    "ferry": "a boat crossing: ferry tickets, cabins, taking a vehicle on board",
+    "bus": "coach and bus travel: long-distance bus tickets, stops, luggage on the bus",
+}
+TRANSPORT_REQUESTS = {
+    "train": ["Please book me a seat on the {time} intercity to {city}, second class, by the window.",
+              "Can you get me a rail pass for the week I am in {city}?",
+              "I need a return ticket on the high-speed line to {city}; quiet coach if possible.",
+              "Which platform does the overnight sleeper to {city} leave from, and can I still reserve a berth?"],
+    "flight": ["Book me on the {time} flight to {city}; I only have hand luggage.",
+               "Can I add a checked bag to my booking to {city} and pick an aisle seat?",
+               "I need to fly to {city} on Monday; the earliest departure from the main airport, please.",
+               "Online check-in for my trip to {city} is not working; can you issue the boarding pass?"],
+    "car": ["I need a car from the {city} office on Friday, something small, with full insurance.",
+            "Can I drop the car off in {city} instead of where I picked it up?",
+            "Please reserve a seven-seater for the weekend in {city}; we are five adults with bags.",
+            "Is an automatic available for pick-up at {time} in {city}? I cannot drive manual."],
+    "ferry": ["Book a crossing to {city} for two adults and our car, the {time} sailing.",
+              "Is there still a cabin on the night boat to {city}?",
+              "Can I take my camper van on the crossing to {city}, and what does it cost?",
+              "The sea was rough last time; is the {time} sailing to {city} the bigger ship?"],
+    "bus": ["Please get me a seat on the {time} coach to {city}; it is cheaper than the train.",
+            "Where does the long-distance bus to {city} stop, and can I bring two suitcases?",
+            "I need a coach ticket to {city} for Saturday, front seats if there are any.",
+            "Can my bike go in the luggage hold of the bus to {city}?"],
+}
+CITIES = ["Lyon", "Bergen", "Porto", "Krakow", "Split", "Ghent", "Malmo", "Bari"]
+TIMES = ["7:15", "9:40", "12:05", "16:30", "18:50", "21:10"]
+
+
+def trips_transport(r, n):
+    keys = list(TRANSPORT)
+    rows = []
+    for i, mode in enumerate(balanced(r, keys, n)):
+        body = r.choice(TRANSPORT_REQUESTS[mode]).format(city=r.choice(CITIES), time=r.choice(TIMES))
+        rows.append({
+            "id": f"trips-transport-{i}",
+            "source": "assay scripts/question_sets.py (generated travel requests)",
+            "text": f"{r.choice(['Hi,', 'Hello,', 'Good morning,'])} {body} {r.choice(['Thanks!', 'Best, ' + r.choice(NAMES), 'Cheers.'])}",
+            "question": "Which kind of transport is the traveller asking about?",
+            "options": keys,
+            "descriptions": TRANSPORT,
+            "label": mode,
+        })
+    return rows
+
+
+# Apologies, against messages that say "sorry" or regret something without apologising for it.
+APOLOGY_YES = [
+    "Sorry for the late reply, I was out all week.", "My apologies, I sent you the wrong file yesterday.",
+    "I apologise for missing the meeting this morning.", "Sorry, that was my mistake: the invoice had the wrong total.",
+    "I am really sorry I forgot to call you back.", "Apologies for the confusion in my last email.",
+]
+APOLOGY_NO = [
+    "I am sorry to hear your cat is ill; I hope she gets better soon.", "Sorry to see you go, it was great working with you!",
+    "The new schedule starts on Monday.", "Please send the report by Thursday.",
+    "It's a pity the concert was cancelled.", "The team felt sorry for the other side after the match.",
+]
+CHAT_CONTEXT = ["About the project:", "Quick note.", "Re: next week", "", "Hi all,", "One more thing:"]
+
+
+def messages_apology(r, n):
+    rows = []
+    for i, yes in enumerate(balanced(r, [True, False], n)):
+        body = r.choice(APOLOGY_YES if yes else APOLOGY_NO)
+        rows.append({
+            "id": f"messages-apology-{i}",
+            "source": "assay scripts/question_sets.py (generated chat messages)",
+            "text": f"{r.choice(CHAT_CONTEXT)} {body} {r.choice(NAMES)}".strip(),
+            "question": "Does the writer apologise for something they did or failed to do?",
+            "answer": yes,
+        })
+    return rows
+
+
 HELD_OUT_SETS = {
     "choice_reviews_aspect": (reviews_aspect, 100),
     "noul_reviews_recommend": (reviews_recommend, 100),
     "score_deliveries_damage": (deliveries_damage, 100),
     "score_habits_exercise": (habits_exercise, 100),
+    "choice_trips_transport": (trips_transport, 100),
+    "noul_messages_apology": (messages_apology, 100),
 }
 
 
