@@ -200,8 +200,9 @@ function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[
 
 /**
  * score: how far the expected level (the answer's `score`) falls from the gold
- * level when the chosen level's probability is `top` and the other levels keep
- * their shipped proportions, as a confidence map sets them (withTop).
+ * level when the chosen level's probability is `top` and the other levels share
+ * the rest in their shipped proportions, leaning toward it by `spread`, as a
+ * confidence map sets them (mappedProbabilities).
  */
 export function expectedLevelError(dist: readonly number[], gold: number, top?: number, spread = 0): number {
   return Math.abs(scoreDistribution(dist, top, spread).reduce((s, x, i) => s + x * i, 0) - gold);

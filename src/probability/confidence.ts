@@ -15,9 +15,10 @@ import { logit, logSumExp, sigmoid } from "./calibration.js";
  *
  * choice / score: it sets the probability of the chosen option (the others
  * keep their proportions, as under a top-label map, or for score lean toward
- * the chosen level by its `spread`); it never changes which option is chosen. noul: it is the probability of "true" itself, a
- * logistic model on the readings' log-odds with and without the prior, of
- * which the Platt map is the special case that weighs the prior fully.
+ * the chosen level by its `spread`); it never changes which option is chosen.
+ * noul: it is the probability of "true" itself, a logistic model on the
+ * readings' log-odds with and without the prior, of which the Platt map is the
+ * special case that weighs the prior fully.
  */
 
 /** What the engine read for one question, before any map. */
