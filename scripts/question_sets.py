@@ -595,21 +595,27 @@ FEEDBACK = [
 FEEDBACK_EXTRAS = ["I attended the second day only.", "This was my first time at the event.", "I came with two colleagues.", "I followed the data track.", ""]
 
 
-def feedback_satisfaction(r, n):
+def named_levels(r, n, kind, source, levels, answers, extras, question, lead=""):
+    """A score kind with short level names: per row, an answer of the level and an aside, in either order."""
     rows = []
-    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
-        parts = [r.choice(FEEDBACK_EXTRAS), r.choice(FEEDBACK[level])]
+    for i, level in enumerate(balanced(r, list(range(len(levels))), n)):
+        parts = [r.choice(extras), r.choice(answers[level])]
         if r.random() < 0.5:
             parts.reverse()
         rows.append({
-            "id": f"feedback-satisfaction-{i}",
-            "source": "assay scripts/question_sets.py (generated event feedback)",
-            "text": " ".join(p for p in parts if p),
-            "question": "How satisfied is the attendee with the event?",
-            "levels": SATISFACTION_LEVELS,
+            "id": f"{kind}-{i}",
+            "source": f"assay scripts/question_sets.py ({source})",
+            "text": lead + " ".join(p for p in parts if p),
+            "question": question,
+            "levels": levels,
             "level": level,
         })
     return rows
+
+
+def feedback_satisfaction(r, n):
+    return named_levels(r, n, "feedback-satisfaction", "generated event feedback", SATISFACTION_LEVELS, FEEDBACK, FEEDBACK_EXTRAS,
+                        "How satisfied is the attendee with the event?")
 
 
 FIT_SETS = {
@@ -785,20 +791,8 @@ EXERCISE_EXTRAS = ["I am 34 and work in an office.", "I live in the city centre.
 
 
 def habits_exercise(r, n):
-    rows = []
-    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
-        parts = [r.choice(EXERCISE_EXTRAS), r.choice(EXERCISE_ANSWERS[level])]
-        if r.random() < 0.5:
-            parts.reverse()
-        rows.append({
-            "id": f"habits-exercise-{i}",
-            "source": "assay scripts/question_sets.py (generated survey answers)",
-            "text": "Q: How much exercise do you do? A: " + " ".join(p for p in parts if p),
-            "question": "How often does the respondent exercise?",
-            "levels": EXERCISE_LEVELS,
-            "level": level,
-        })
-    return rows
+    return named_levels(r, n, "habits-exercise", "generated survey answers", EXERCISE_LEVELS, EXERCISE_ANSWERS, EXERCISE_EXTRAS,
+                        "How often does the respondent exercise?", lead="Q: How much exercise do you do? A: ")
 
 
 # A choice kind with a description per option and a noul about a message's content, written after
