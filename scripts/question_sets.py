@@ -216,20 +216,24 @@ PRIORITY_SCENARIOS = [
 ]
 
 
+def score_kind(r, n, kind, source, levels, question, text_of):
+    """A score kind: n rows, the levels as even as n allows, each row's text written by text_of(level)."""
+    return [{
+        "id": f"{kind}-{i}",
+        "source": f"assay scripts/question_sets.py ({source})",
+        "text": text_of(level),
+        "question": question,
+        "levels": levels,
+        "level": level,
+    } for i, level in enumerate(balanced(r, list(range(len(levels))), n))]
+
+
 def tickets_priority(r, n):
-    rows = []
-    for i, level in enumerate(balanced(r, [0, 1, 2, 3, 4], n)):
+    def text(level):
         body = fill(r, r.choice(PRIORITY_SCENARIOS[level]))
-        text = f"{r.choice(CALM_OPENERS)}\n{body} {r.choice(CALM_CLOSERS)}\n{r.choice(NAMES)}"
-        rows.append({
-            "id": f"tickets-priority-{i}",
-            "source": "assay scripts/question_sets.py (generated support tickets)",
-            "text": text,
-            "question": "What priority does this ticket get under our support policy? Rate by the impact described, not by the tone.",
-            "levels": PRIORITY_LEVELS,
-            "level": level,
-        })
-    return rows
+        return f"{r.choice(CALM_OPENERS)}\n{body} {r.choice(CALM_CLOSERS)}\n{r.choice(NAMES)}"
+    return score_kind(r, n, "tickets-priority", "generated support tickets", PRIORITY_LEVELS,
+                      "What priority does this ticket get under our support policy? Rate by the impact described, not by the tone.", text)
 
 
 # ---- messages: does it share contact details (a moderation rule) -----------
@@ -566,19 +570,11 @@ URGENCY_SCENARIOS = [
 
 
 def messages_urgency(r, n):
-    rows = []
-    for i, level in enumerate(balanced(r, [0, 1, 2, 3], n)):
+    def text(level):
         body = r.choice(URGENCY_SCENARIOS[level]).format(name2=r.choice(NAMES))
-        text = f"{r.choice(['Hi,', 'Hello all,', 'Hi team,', 'Hey,'])}\n{body}\n{r.choice(NAMES)}"
-        rows.append({
-            "id": f"messages-urgency-{i}",
-            "source": "assay scripts/question_sets.py (generated workplace messages)",
-            "text": text,
-            "question": "How soon does this message need a reply or an action?",
-            "levels": URGENCY_LEVELS,
-            "level": level,
-        })
-    return rows
+        return f"{r.choice(['Hi,', 'Hello all,', 'Hi team,', 'Hey,'])}\n{body}\n{r.choice(NAMES)}"
+    return score_kind(r, n, "messages-urgency", "generated workplace messages", URGENCY_LEVELS,
+                      "How soon does this message need a reply or an action?", text)
 
 
 # ---- event feedback: how satisfied (score, 5 short level names) --------------
@@ -597,20 +593,12 @@ FEEDBACK_EXTRAS = ["I attended the second day only.", "This was my first time at
 
 def named_levels(r, n, kind, source, levels, answers, extras, question, lead=""):
     """A score kind with short level names: per row, an answer of the level and an aside, in either order."""
-    rows = []
-    for i, level in enumerate(balanced(r, list(range(len(levels))), n)):
+    def text(level):
         parts = [r.choice(extras), r.choice(answers[level])]
         if r.random() < 0.5:
             parts.reverse()
-        rows.append({
-            "id": f"{kind}-{i}",
-            "source": f"assay scripts/question_sets.py ({source})",
-            "text": lead + " ".join(p for p in parts if p),
-            "question": question,
-            "levels": levels,
-            "level": level,
-        })
-    return rows
+        return lead + " ".join(p for p in parts if p)
+    return score_kind(r, n, kind, source, levels, question, text)
 
 
 def feedback_satisfaction(r, n):
@@ -757,19 +745,11 @@ DAMAGE_REPORTS = [
 
 
 def deliveries_damage(r, n):
-    rows = []
-    for i, level in enumerate(balanced(r, [0, 1, 2, 3], n)):
+    def text(level):
         report = r.choice(DAMAGE_REPORTS[level]).format(item=r.choice(ITEMS))
-        report = report[0].upper() + report[1:]
-        rows.append({
-            "id": f"deliveries-damage-{i}",
-            "source": "assay scripts/question_sets.py (generated delivery reports)",
-            "text": f"Order {order_no(r)}. {report}",
-            "question": "How badly was the delivered item damaged?",
-            "levels": DAMAGE_LEVELS,
-            "level": level,
-        })
-    return rows
+        return f"Order {order_no(r)}. {report[0].upper() + report[1:]}"
+    return score_kind(r, n, "deliveries-damage", "generated delivery reports", DAMAGE_LEVELS,
+                      "How badly was the delivered item damaged?", text)
 
 
 # A score kind with short level names (read by name and by position), written after the score map
