@@ -247,13 +247,19 @@ function spreadLogLoss(set: readonly SpreadItem[], lambda: number): number {
 
 /**
  * The spread judged leave-one-dataset-out on top of a score map's features: for
- * each set, the map and the spread are fitted on the other sets, and the set's
- * log-loss and level error are compared with the map alone. It ships (fitted on
- * every set) where both means over the sets, each weighing the same, fall.
+ * each set (`byDataset`: its items' indices into `items`, `dists` and `golds`),
+ * the map and the spread are fitted on the other sets, and the set's log-loss
+ * and level error are compared with the map alone. It ships (fitted on every
+ * set) where both means over the sets, each weighing the same, fall.
  */
-export function judgeSpread(items: readonly ConfidenceItem[], dists: readonly (readonly number[])[], golds: readonly number[], features: readonly string[], all: ConfidenceMap): SpreadFit {
-  const byDataset = new Map<string, number[]>();
-  items.forEach((it, i) => byDataset.set(it.dataset, [...(byDataset.get(it.dataset) ?? []), i]));
+function judgeSpread(
+  byDataset: ReadonlyMap<string, readonly number[]>,
+  items: readonly ConfidenceItem[],
+  dists: readonly (readonly number[])[],
+  golds: readonly number[],
+  features: readonly string[],
+  all: ConfidenceMap,
+): SpreadFit {
   const spreadItems = (ii: readonly number[], map: ConfidenceMap) => ii.map((i) => ({ dist: dists[i]!, gold: golds[i]!, top: applyConfidenceMap(map, items[i]!.features) }));
   const rows: SpreadRow[] = [];
   for (const [ds, mine] of byDataset) {
@@ -326,7 +332,7 @@ export function fitConfidence(fitItems: readonly FitItem[], shipped: Calibration
       const map = fitConfidenceMap(mine, best.features);
       fit.maps[type] = map;
       if (type === "score") {
-        const spread = judgeSpread(mine, idx.map((i) => dists[i]!), idx.map((i) => withReading[i]!.gold), best.features, map);
+        const spread = judgeSpread(idxOf, items, dists, withReading.map((it) => it.gold), best.features, map);
         fit.choice[type]!.spread = spread;
         if (spread.ships) map.spread = spread.lambda;
       }
