@@ -20,6 +20,8 @@ import { ModelRegistry } from "../models/registry.js";
 import { parseSplit, readDataset, UnsupportedDataset, type Dataset, type Split } from "../eval/datasets.js";
 import { runDatasets } from "../eval/runner.js";
 import { confidenceTable, fitConfidence } from "../eval/confidence-fit.js";
+import { fitQuestionMaps, questionFitTable } from "../eval/question-fit.js";
+import { calibrationForMode } from "../probability/index.js";
 import {
   crossValidate,
   crossValidationTable,
@@ -65,6 +67,8 @@ export interface CalibrateCliOptions {
   readAs?: "choice";
   /** Write the confidence maps alone: the file's temperatures, Platt and top-label maps stay as they are. */
   confidenceOnly?: boolean;
+  /** Fit and write maps for single questions alone (src/eval/question-fit.ts): the file's other maps stay as they are. */
+  perQuestion?: boolean;
 }
 
 /** `--read-as`: only "choice" (score rows as choice questions). */
@@ -373,7 +377,43 @@ function pooled(rows: readonly CrossValidation[], pick: (r: CrossValidation) => 
   return rows.reduce((s, r) => s + r.before.n * (pick(r) ?? Infinity), 0) / Math.max(1, n);
 }
 
+/**
+ * `--per-question`: a map for every question asked of enough labelled states,
+ * judged against what the build's file serves for it now, written into that
+ * file's `questions` (every other section as it was). A question refitted
+ * here is decided afresh: its old map goes whether or not a new one ships.
+ */
+async function finishPerQuestion(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], header: FitHeader): Promise<CalibrateResult> {
+  const file = opts.out ?? path.join(CALIBRATION_DIR, `${header.build}.json`);
+  const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
+  if (!existing || existing.build_hash !== header.build_hash) {
+    throw new Error(`--per-question fits maps on top of the build's own: ${file} holds no fit for build ${header.build_hash}; fit the build first (assay calibrate)`);
+  }
+  if (!items.some((it) => it.question && it.reading)) {
+    throw new Error("--per-question needs readings that name their question: a run (--data), or --readouts files written by this version");
+  }
+  const serving = calibrationForMode(existing, header.debias);
+  const fitted = fitQuestionMaps(items, serving, opts.folds);
+  io.stdout(`maps for single questions (${opts.folds}-fold within each question, against the build's maps):\n${questionFitTable(fitted, opts.folds)}`);
+  if (opts.write) {
+    const decided = new Set(fitted.rows.filter((r) => r.after !== null).map((r) => r.key));
+    const kept = Object.fromEntries(Object.entries(existing.questions ?? {}).filter(([key]) => !decided.has(key)));
+    const old = existing as Record<string, unknown>;
+    const rows = ((old["questions_validation"] as { key: string }[] | undefined) ?? []).filter((r) => !decided.has(r.key));
+    const merged = {
+      ...existing,
+      questions: { ...kept, ...fitted.maps },
+      questions_validation: [...rows, ...fitted.rows.filter((r) => r.after !== null).map((r) => ({ ...r, validation: `${opts.folds}-fold` }))],
+      questions_fitted_at: new Date().toISOString(),
+    };
+    fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
+    io.stderr(`wrote ${file}: ${Object.keys(fitted.maps).length} question map(s) fitted, ${Object.keys(merged.questions).length} in the file\n`);
+  }
+  return { fit: existing, file: opts.write ? file : null, crossValidation: [], items };
+}
+
 async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], header: FitHeader): Promise<CalibrateResult> {
+  if (opts.perQuestion) return finishPerQuestion(opts, io, items, header);
   const cv = crossValidate(items, opts.folds);
   const lodo = leaveOneDatasetOut(items);
   const maps = fitShippedMaps(items);
@@ -472,6 +512,13 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
     const merged = opts.confidenceOnly
       ? mergeConfidence(existing!, fit, new Set(items.flatMap((it) => (it.reading ? [it.type] : []))), header.data)
       : mergeFit(existing, fit, new Set(items.map((it) => it.type)));
+    // A question's own map was fitted on readings taken under the file's prior, neutral states,
+    // worked examples and debiasing: where a refit changes any of them, it no longer applies.
+    const readUnder = (f: CalibrationFit) => JSON.stringify([f.prior ?? {}, f.prior_state ?? {}, f.demonstrations ?? false, f.debias ?? null]);
+    if (merged.questions && existing && readUnder(existing) !== readUnder(merged)) {
+      io.stderr(`assay calibrate: ${Object.keys(merged.questions).length} map(s) for single questions dropped: the questions are read another way now; refit them (--per-question)\n`);
+      delete merged.questions;
+    }
     fs.mkdirSync(path.dirname(file), { recursive: true });
     fs.writeFileSync(file, JSON.stringify(merged, null, 2) + "\n");
     io.stderr(`wrote ${file} (build ${fit.build_hash}, debias ${header.debias})\n`);
@@ -500,6 +547,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
     .option("--read-as <type>", "choice: read score files' rows as choice questions over their level names (a set of their own, <name>@choice: more sets for the choice maps' leave-one-dataset-out gate)", parseReadAs)
     .option("--from-readouts <files...>", "refit from --readouts files of earlier runs on this build (merged; each set once) instead of running the model")
     .option("--confidence-only", "write the confidence maps alone (src/probability/confidence.ts), keeping the file's other maps as they are")
+    .option("--per-question", "fit a map for every question asked of at least 40 labelled states, judged by k-fold on its own states, and write those alone into the build's file")
     .option("--readouts <file>", "also write the label log-probabilities and gold labels the fit used (JSON)")
     .option("--target <recall>", "code search: share of needed items kept at noul > 0.5", Number, 0.95)
     .option("--band-fraction <f>", "code search / fact check: share of the small build's dev scores that escalate", Number, 0.3)
@@ -527,6 +575,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         fromReadouts?: string[];
         readAs?: "choice";
         confidenceOnly?: boolean;
+        perQuestion?: boolean;
       }) => {
         if (!o.data && !o.fromResults && !o.fromReadouts) throw new Error("give --data FILE… (or --from-results results.json…, or --from-readouts FILE…)");
         const config = loadConfig(io.env);
@@ -567,6 +616,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
               shifts: o.shifts,
               readouts: o.readouts,
               confidenceOnly: o.confidenceOnly,
+              perQuestion: o.perQuestion,
               readAs: o.readAs,
               fromResults: o.fromResults,
               prior: o.prior,

@@ -14,7 +14,7 @@
  * (src/probability/calibration.ts says why).
  */
 import type { CalibrationMaps, Platt, QuestionReading } from "../probability/index.js";
-import { calibrateNoul, labelProbabilities, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
+import { calibrateNoul, labelProbabilities, questionKey, softmax, temperatureFor, topLabelFor } from "../probability/index.js";
 import { balancedWeights, fitPlatt, fitTemperature, fitTopLabel } from "./fitting.js";
 import { argmaxIndex, auroc, reliability, mean } from "./metrics.js";
 import type { DatasetRun } from "./runner.js";
@@ -29,6 +29,8 @@ export interface FitItem {
   gold: number;
   /** What the engine read (in the same option order), where the run recorded it: what the confidence maps fit on. */
   reading?: QuestionReading;
+  /** `questionKey` of the question asked: what a map for single questions is filed under. */
+  question?: string;
 }
 
 /** Label log-probabilities below this are floored (an underflowed probability reads as null). */
@@ -55,7 +57,7 @@ export function fitItems(runs: readonly DatasetRun[]): FitItem[] {
           gold = it.gold;
           break;
       }
-      out.push({ dataset: ds.name, type: ds.task, lp, gold, ...(r.main.reading ? { reading: r.main.reading } : {}) });
+      out.push({ dataset: ds.name, type: ds.task, lp, gold, question: questionKey(it.question), ...(r.main.reading ? { reading: r.main.reading } : {}) });
     });
   }
   return out;

@@ -65,10 +65,10 @@ export function setWeights(items: readonly ConfidenceItem[]): number[] {
 /**
  * Weighted L2-penalised logistic regression by Newton's method: the bias is
  * not penalised; `l2` is per unit of total weight, so it does not depend on
- * how many sets there are.
+ * how many sets there are. The weights default to `setWeights`.
  */
-export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2): ConfidenceMap {
-  const w = setWeights(items);
+export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2, weights: readonly number[] = setWeights(items)): ConfidenceMap {
+  const w = weights;
   const total = w.reduce((s, x) => s + x, 0);
   const rows = items.map((it) => [1, ...features.map((f) => it.features[f] ?? 0)]);
   const beta = newtonLogistic(

@@ -4,7 +4,7 @@ import type { ResolvedModel } from "../models/registry.js";
 import type { CalibrationFit } from "../models/manifest.js";
 import type { PipelineContext } from "../pipeline/types.js";
 import type { Timings } from "../pipeline/timings.js";
-import { answer, averageReadings, calibrationForMode, logSumExp, type QuestionReading } from "../probability/index.js";
+import { answer, averageReadings, calibrationForMode, logSumExp, questionKey, type QuestionReading } from "../probability/index.js";
 import { buildPrompt, DEFAULT_DEBIAS, NUMBERED_MAX_OPTIONS, type Debias } from "../prompt/index.js";
 import {
   type Answer,
@@ -204,9 +204,12 @@ async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest,
   await shortlist(fam, lb, prepared, readings, fit, ctx);
   const t = performance.now();
   const answers: Record<string, Answer> = {};
+  // A question's own map is looked up by its key, hashed only where the build has such maps.
+  const own = fit?.questions && Object.keys(fit.questions).length > 0;
   prepared.questions.forEach((q, i) => {
     ctx.onReading?.(q.id, readings[i]!);
-    answers[q.id] = answer(q, readings[i]!, fit);
+    const key = own ? questionKey(prepared.source.questions[q.id]!) : undefined;
+    answers[q.id] = answer({ ...q, key }, readings[i]!, fit);
   });
   ctx.timings.add("probability", performance.now() - t);
   return answers;

@@ -50,6 +50,12 @@ export const CalibrationFit = z.looseObject({
    * temperature still shares out the other options). Fitted under `debias` and `prior` like them.
    */
   confidence: z.object({ noul: ConfidenceMap.optional(), choice: ConfidenceMap.optional(), score: ConfidenceMap.optional() }).optional(),
+  /**
+   * Confidence maps for single questions (src/probability/question-maps.ts), keyed by `questionKey`:
+   * fitted on labelled examples of that question (`assay calibrate --per-question`), they replace the
+   * type's map for it. Read under `debias` and `prior` like the maps above.
+   */
+  questions: z.record(z.string(), z.looseObject({ type: z.enum(["noul", "choice", "score"]), map: ConfidenceMap })).optional(),
   data: z.array(z.string()).default([]),
 });
 export type CalibrationFit = z.infer<typeof CalibrationFit>;

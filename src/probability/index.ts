@@ -2,9 +2,11 @@ import type { Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer } from "../validate/
 import type { CalibrationFit } from "../models/manifest.js";
 import { calibrateNoul, logit, sigmoid, type CalibrationMaps, type Platt } from "./calibration.js";
 import { applyConfidenceMap, featuresFor, singleReading, type ConfidenceMap, type ConfidenceMaps, type QuestionReading } from "./confidence.js";
+import type { QuestionMap } from "./question-maps.js";
 
 export * from "./calibration.js";
 export * from "./confidence.js";
+export * from "./question-maps.js";
 
 /**
  * Log-probabilities of each question's labels → the spec's answers.
@@ -180,8 +182,9 @@ export function calibrationForMode(fit: CalibrationFit | null | undefined, debia
   for (const [k, t] of Object.entries(fit.temperatures)) if (k.startsWith("noul:")) temperatures[k] = t;
   // A confidence map reads the presentations' agreement: a choice or score map fitted on every order does not apply to one.
   const confidence = fit.confidence?.noul ? { noul: fit.confidence.noul } : undefined;
-  const { confidence: _dropped, ...rest } = fit;
-  return { ...rest, temperatures, top_label: {}, ...(confidence ? { confidence } : {}) };
+  const questions = Object.fromEntries(Object.entries(fit.questions ?? {}).filter(([, q]) => q.type === "noul"));
+  const { confidence: _dropped, questions: _alsoDropped, ...rest } = fit;
+  return { ...rest, temperatures, top_label: {}, ...(confidence ? { confidence } : {}), ...(Object.keys(questions).length > 0 ? { questions } : {}) };
 }
 
 /** labels are [yes, no]; without a fit (or with a temperature only) this is softmax(lp / T)[yes]. */
@@ -222,11 +225,14 @@ export interface QuestionReadout {
   keys: readonly string[];
   /** Level texts for score questions. */
   levels?: readonly string[];
+  /** `questionKey` of the question, where the fit has maps for single questions. */
+  key?: string | undefined;
 }
 
 /**
- * The answer to a question from what the engine read for it. A type with a
- * confidence map (confidence.ts) is answered through it; otherwise through
+ * The answer to a question from what the engine read for it. A question with
+ * a map of its own (question-maps.ts) is answered through that; a type with a
+ * confidence map (confidence.ts) through it; otherwise through
  * its temperature, top-label and Platt maps. A question with more options
  * than the debiasing shows in every order (read once, then shortlisted) keeps
  * its own regime's maps: no confidence map was fitted on that readout.
@@ -234,12 +240,13 @@ export interface QuestionReadout {
 export function answer(
   q: QuestionReadout,
   read: QuestionReading | readonly number[],
-  fit: (CalibrationMaps & { confidence?: ConfidenceMaps | undefined }) | null | undefined,
+  fit: (CalibrationMaps & { confidence?: ConfidenceMaps | undefined; questions?: Record<string, QuestionMap> | undefined }) | null | undefined,
 ): Answer {
   const reading = "lp" in read ? read : singleReading(read);
   const lp = reading.lp;
   const t = temperatureFor(fit, q.type, lp.length);
-  const map = reading.shortlisted ? undefined : fit?.confidence?.[q.type];
+  const own = q.key === undefined ? undefined : fit?.questions?.[q.key];
+  const map = reading.shortlisted ? undefined : own?.type === q.type ? own.map : fit?.confidence?.[q.type];
   switch (q.type) {
     case "noul":
       if (map) return { type: "noul", noul: applyConfidenceMap(map, featuresFor("noul", reading)) };

@@ -5,6 +5,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AssayError } from "../../src/errors/catalogue.js";
 import { prepare } from "../../src/families/general.js";
+import { questionKey } from "../../src/probability/index.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer, SystemOneResponse, State } from "../../src/validate/schema.js";
 import { ask, startEngine } from "./engine.js";
@@ -158,6 +159,28 @@ describe("clear-cut questions are answered the right way round", () => {
     expect(s.score).toBeGreaterThan((REVIEW_LEVELS.length - 1) / 2);
     const stars = score(review.answers.stars);
     expect(stars.score).toBeGreaterThan(2);
+  });
+});
+
+describe("a map of a question's own (assay calibrate --per-question)", () => {
+  it("answers that question through it, and the question asked beside it through the build's maps", async () => {
+    const lb = engine.build("vendor/judge-9B");
+    const own = { type: "noul", instructions: "Anna's car is red." } as const;
+    const beside = { type: "noul", instructions: "Anna walked home." } as const;
+    const before = await ask(engine, CAR, { own, beside }, "vendor/judge-9B");
+    const shipped = lb.build.manifest.calibration;
+    // A map that states one probability whatever it reads: the answer can only come from it.
+    lb.build.manifest.calibration = { ...shipped!, questions: { [questionKey(own)]: { type: "noul", map: { bias: -3, weights: {} } } } };
+    let after: SystemOneResponse;
+    try {
+      after = await ask(engine, CAR, { own, beside }, "vendor/judge-9B");
+    } finally {
+      lb.build.manifest.calibration = shipped;
+    }
+    expect((after.answers.own as NoulAnswer).noul).toBeCloseTo(1 / (1 + Math.exp(3)), 9);
+    expect(Math.abs((before.answers.own as NoulAnswer).noul - (after.answers.own as NoulAnswer).noul)).toBeGreaterThan(1e-6);
+    expect((after.answers.beside as NoulAnswer).noul).toBe((before.answers.beside as NoulAnswer).noul);
+    expect(after.usage).toEqual(before.usage);
   });
 });
 
