@@ -582,6 +582,7 @@ export function registerCalibrateCommand(program: Command, io: CliIO): void {
         const family = ModelRegistry.load(config.modelsConfig, config.modelsDir).resolve(o.model).family;
         if (o.map !== "family" && o.map !== "general") throw new Error(`--map must be family or general, got "${o.map}"`);
         if (family !== "general") {
+          if (o.perQuestion) throw new Error(`--per-question fits maps for general questions; "${o.model}" is a ${family} model`);
           // Code search and fact check fit their own maps (src/cli/calibrate-family.ts).
           await calibrateFamilyCommand(
             {

@@ -104,16 +104,13 @@ export function fitQuestionMaps(fitItems: readonly FitItem[], fit: CalibrationFi
     groups.set(it.question, [...(groups.get(it.question) ?? []), it]);
   }
   for (const [key, group] of groups) {
+    // The key hashes the type: one question is one type.
     const type = group[0]!.type;
     const datasets = [...new Set(group.map((it) => it.dataset))];
     const items = confidenceItems(group);
     const before = group.map((it) => served(it, fit));
     const row: QuestionFitRow = { key, type, datasets, n: items.length, before: scoreConfidence(items, before), after: null, features: null, ships: false };
     out.rows.push(row);
-    if (group.some((it) => it.type !== type)) {
-      row.note = "asked as more than one type";
-      continue;
-    }
     const trues = items.filter((it) => it.y).length;
     if (items.length < MIN_ITEMS || (type === "noul" && Math.min(trues, items.length - trues) < 5)) {
       row.note = `fewer than ${MIN_ITEMS} labelled states${type === "noul" ? ", or fewer than 5 of either answer" : ""}`;

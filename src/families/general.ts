@@ -208,8 +208,7 @@ async function score(fam: FamilyEnv, lb: LoadedBuild, prepared: PreparedRequest,
   const own = fit?.questions && Object.keys(fit.questions).length > 0;
   prepared.questions.forEach((q, i) => {
     ctx.onReading?.(q.id, readings[i]!);
-    const key = own ? questionKey(prepared.source.questions[q.id]!) : undefined;
-    answers[q.id] = answer({ ...q, key }, readings[i]!, fit);
+    answers[q.id] = answer(own ? { ...q, key: questionKey(prepared.source.questions[q.id]!) } : q, readings[i]!, fit);
   });
   ctx.timings.add("probability", performance.now() - t);
   return answers;
