@@ -377,6 +377,10 @@ function pooled(rows: readonly CrossValidation[], pick: (r: CrossValidation) => 
   return rows.reduce((s, r) => s + r.before.n * (pick(r) ?? Infinity), 0) / Math.max(1, n);
 }
 
+/** How a file's questions are read: what its maps, a question's own included, were fitted under. */
+const readUnder = (f: Pick<CalibrationFit, "prior" | "prior_state" | "demonstrations" | "debias">) =>
+  JSON.stringify([f.prior ?? {}, f.prior_state ?? {}, f.demonstrations ?? false, f.debias ?? null]);
+
 /**
  * `--per-question`: a map for every question asked of enough labelled states,
  * judged against what the build's file serves for it now, written into that
@@ -388,6 +392,9 @@ async function finishPerQuestion(opts: CalibrateCliOptions, io: CliIO, items: Fi
   const existing = fs.existsSync(file) ? readCalibrationFile(file) : null;
   if (!existing || existing.build_hash !== header.build_hash) {
     throw new Error(`--per-question fits maps on top of the build's own: ${file} holds no fit for build ${header.build_hash}; fit the build first (assay calibrate)`);
+  }
+  if (readUnder(existing) !== readUnder(header)) {
+    throw new Error(`--per-question: these readings were taken another way (prior, neutral states, worked examples or debias) than ${file}'s maps were fitted on`);
   }
   if (!items.some((it) => it.question && it.reading)) {
     throw new Error("--per-question needs readings that name their question: a run (--data), or --readouts files written by this version");
@@ -514,7 +521,6 @@ async function finish(opts: CalibrateCliOptions, io: CliIO, items: FitItem[], he
       : mergeFit(existing, fit, new Set(items.map((it) => it.type)));
     // A question's own map was fitted on readings taken under the file's prior, neutral states,
     // worked examples and debiasing: where a refit changes any of them, it no longer applies.
-    const readUnder = (f: CalibrationFit) => JSON.stringify([f.prior ?? {}, f.prior_state ?? {}, f.demonstrations ?? false, f.debias ?? null]);
     if (merged.questions && existing && readUnder(existing) !== readUnder(merged)) {
       io.stderr(`assay calibrate: ${Object.keys(merged.questions).length} map(s) for single questions dropped: the questions are read another way now; refit them (--per-question)\n`);
       delete merged.questions;

@@ -280,6 +280,37 @@ describe("assay calibrate --from-readouts with several files", () => {
     expect(record.confidence_features["noul"]).toEqual({ features: ["z"] });
   });
 
+  it("--per-question writes the question maps it fits into the file, decides a refitted question afresh, keeps the rest, and refuses readings taken another way", async () => {
+    const { io, header, write } = setup();
+    // One question read on a narrow scale (true at z ≈ 1.3, false at z ≈ −0.15), which the file's
+    // Platt map states near 0.6 however clear the reading: its own map states it surer. A second
+    // question has too few labelled states for a map.
+    const noul = (question: string, n: number) =>
+      Array.from({ length: n }, (_, i) => {
+        const truth = i % 2 === 0;
+        const z = truth ? 1.2 + (i % 7) * 0.05 : -0.3 + (i % 7) * 0.05;
+        const lp = [-Math.log1p(Math.exp(-z)), -Math.log1p(Math.exp(z))];
+        return { dataset: `set_${question}`, type: "noul", lp, gold: truth ? 0 : 1, question, reading: { lp, presentations: [lp], raw: lp, prior: null, shortlisted: false } };
+      });
+    const file = path.join(root, "fit.json");
+    const stale = { type: "noul", map: { bias: 9, weights: {} } };
+    const other = { type: "choice", map: { bias: 1, weights: { top: 0.5 } } };
+    fs.writeFileSync(file, JSON.stringify(fitFile("aaaa", { prior: { noul: 1 }, debias: "cyclic", questions: { narrow: stale, elsewhere: other } })));
+    const a = write("q.json", { build_hash: "aaaa", header: header(["set_narrow.jsonl", "set_few.jsonl"]), items: [...noul("narrow", 60), ...noul("few", 10)] });
+    await calibrateCommand({ ...base, write: true, out: file, perQuestion: true, fromReadouts: [a] }, io);
+    const written = readCalibrationFile(file);
+    expect(written.temperatures).toEqual({ "choice:4": 1.7 });
+    expect(written.platt).toEqual({ "noul:2": { a: 0.6, b: -0.2 } });
+    expect(Object.keys(written.questions ?? {}).sort()).toEqual(["elsewhere", "narrow"]);
+    expect(written.questions!["elsewhere"]).toEqual(other);
+    expect(written.questions!["narrow"]!.map.weights["z"]!).toBeGreaterThan(0.6);
+    const rows = (written as unknown as { questions_validation: { key: string; ships: boolean }[] }).questions_validation;
+    expect(rows.map((r) => [r.key, r.ships])).toEqual([["narrow", true]]);
+    // The file's maps were fitted under another prior: its questions were read another way.
+    fs.writeFileSync(file, JSON.stringify(fitFile("aaaa", { prior: { noul: 0.5 }, debias: "cyclic" })));
+    await expect(calibrateCommand({ ...base, write: true, out: file, perQuestion: true, fromReadouts: [a] }, io)).rejects.toThrow(/taken another way/);
+  });
+
   it("refuses files read under different priors, and a set given twice", async () => {
     const { io, header, items, write } = setup();
     const a = write("a.json", { build_hash: "aaaa", header: header(["set_a.jsonl"]), items: items("set_a", 20, 0) });
