@@ -67,8 +67,7 @@ export function setWeights(items: readonly ConfidenceItem[]): number[] {
  * not penalised; `l2` is per unit of total weight, so it does not depend on
  * how many sets there are. The weights default to `setWeights`.
  */
-export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2, weights: readonly number[] = setWeights(items)): ConfidenceMap {
-  const w = weights;
+export function fitConfidenceMap(items: readonly ConfidenceItem[], features: readonly string[], l2 = 1e-2, w: readonly number[] = setWeights(items)): ConfidenceMap {
   const total = w.reduce((s, x) => s + x, 0);
   const rows = items.map((it) => [1, ...features.map((f) => it.features[f] ?? 0)]);
   const beta = newtonLogistic(
@@ -190,11 +189,11 @@ export interface ConfidenceFit {
   rows: ConfidenceRow[];
 }
 
-/** The answer's probabilities over the options under the shipped maps (noul: [true, false]). */
-function shippedDistribution(it: FitItem, maps: CalibrationMaps | null): number[] {
+/** The answer's probabilities over the options under `maps`, a map for its own question included (noul: [true, false]). */
+export function shippedDistribution(it: FitItem, maps: Parameters<typeof answer>[2]): number[] {
   const reading = it.reading as QuestionReading;
   const keys = reading.lp.map((_, i) => String(i));
-  const a = answer({ type: it.type, keys }, reading, maps);
+  const a = answer({ type: it.type, keys, key: it.question }, reading, maps);
   return a.type === "noul" ? [a.noul, 1 - a.noul] : keys.map((k) => a.probabilities[k]!);
 }
 

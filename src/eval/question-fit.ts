@@ -6,11 +6,11 @@
  * closer to how often they are right without answering more of them wrongly.
  */
 import type { CalibrationFit } from "../models/manifest.js";
-import type { ConfidenceMap, QuestionMap, QuestionReading } from "../probability/index.js";
-import { answer, applyConfidenceMap, softmax, temperatureFor } from "../probability/index.js";
+import type { ConfidenceMap, QuestionMap } from "../probability/index.js";
+import { applyConfidenceMap, softmax, temperatureFor } from "../probability/index.js";
 import type { FitItem } from "./calibrate.js";
 import type { ConfidenceItem, ConfidenceScore, MapType } from "./confidence-fit.js";
-import { answersWorse, confidenceItems, expectedLevelError, fitConfidenceMap, fitSpread, scoreConfidence } from "./confidence-fit.js";
+import { answersWorse, confidenceItems, expectedLevelError, fitConfidenceMap, fitSpread, scoreConfidence, shippedDistribution } from "./confidence-fit.js";
 import { mean } from "./metrics.js";
 
 /** A question needs this many labelled states (with readings) before a map of its own is fitted. */
@@ -46,23 +46,6 @@ export interface QuestionFitRow {
 export interface QuestionFit {
   maps: Record<string, QuestionMap>;
   rows: QuestionFitRow[];
-}
-
-/** The answer's probability as `fit` serves it (the question's own map included): of "true" for noul, of the chosen option otherwise. */
-function served(it: FitItem, fit: CalibrationFit | null): number {
-  const reading = it.reading as QuestionReading;
-  const keys = reading.lp.map((_, i) => String(i));
-  const a = answer({ type: it.type, keys, key: it.question }, reading, fit);
-  if (a.type === "noul") return a.noul;
-  return Math.max(...keys.map((k) => a.probabilities[k]!));
-}
-
-/** The served levels of a score item (the expected level's input). */
-function servedLevels(it: FitItem, fit: CalibrationFit | null): number[] {
-  const reading = it.reading as QuestionReading;
-  const keys = reading.lp.map((_, i) => String(i));
-  const a = answer({ type: "score", keys, key: it.question }, reading, fit);
-  return a.type === "score" ? keys.map((k) => a.probabilities[k]!) : [];
 }
 
 /** Each item weighs the same: the question's own items are the mix its answers are judged on. */
@@ -108,7 +91,9 @@ export function fitQuestionMaps(fitItems: readonly FitItem[], fit: CalibrationFi
     const type = group[0]!.type;
     const datasets = [...new Set(group.map((it) => it.dataset))];
     const items = confidenceItems(group);
-    const before = group.map((it) => served(it, fit));
+    // What `fit` serves now: the levels, and the probability a map sets (of "true" for noul, of the chosen option otherwise).
+    const now = group.map((it) => shippedDistribution(it, fit));
+    const before = now.map((d) => (type === "noul" ? d[0]! : Math.max(...d)));
     const row: QuestionFitRow = { key, type, datasets, n: items.length, before: scoreConfidence(items, before), after: null, features: null, ships: false };
     out.rows.push(row);
     const trues = items.filter((it) => it.y).length;
@@ -116,10 +101,9 @@ export function fitQuestionMaps(fitItems: readonly FitItem[], fit: CalibrationFi
       row.note = `fewer than ${MIN_ITEMS} labelled states${type === "noul" ? ", or fewer than 5 of either answer" : ""}`;
       continue;
     }
-    // score: the levels a map starts from (softmax(lp / T)), the served ones, and the gold level.
+    // score: the levels a map starts from (softmax(lp / T)) and the gold level.
     const t = temperatureFor(fit, type, group[0]!.reading!.lp.length);
     const base = type === "score" ? group.map((it) => softmax(it.reading!.lp, t)) : [];
-    const now = type === "score" ? group.map((it) => servedLevels(it, fit)) : [];
     const gold = group.map((it) => it.gold);
     const spreadOf =
       type === "score"
