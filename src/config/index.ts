@@ -34,7 +34,9 @@ const Env = z.object({
   /** Exported model folders (manifest.json, model.onnx, tokenizer.json). */
   ASSAY_MODELS_DIR: z.string().default(path.join(ROOT, "models", "cache")).meta({ doc: "where relative build folders live", shown: "`models/cache`" }),
   /** Read by scripts/bootstrap.mjs and scripts/build-llama.mjs (before node_modules exists); listed here so the table documents it. */
-  ASSAY_CACHE_DIR: z.string().default(path.join(ROOT, ".cache")).meta({ doc: "bootstrap's venv, downloads and assembled GGUF files", shown: "`.cache`" }),
+  ASSAY_CACHE_DIR: z.string().default(path.join(ROOT, ".cache")).meta({ doc: "the checkout's own working files: the links to the build cache's venv (`pyenv`) and GGUF files (`weights/`), the bench's llama.cpp, the SDK clients' venvs", shown: "`.cache`" }),
+  /** Read by scripts/bootstrap.mjs (scripts/build-cache.mjs) only; listed here so the table documents it. */
+  ASSAY_BUILD_CACHE: z.string().optional().meta({ doc: "the per-user build cache every checkout on the machine shares: model builds keyed by everything they are made from, their GGUF files, the converter's venv ([the build cache](docs/operations.md#the-build-cache))", shown: "`$XDG_CACHE_HOME/assay`, else `~/.cache/assay`" }),
   /** Public model names → model folders; see models/README.md. */
   ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
   /** `cpu`, `cuda` or `webgpu`; on a GPU provider every build runs its GPU graph (scripts/gpu_graph.py). */
