@@ -222,6 +222,13 @@ const buildLabel = (model: string) => path.basename(path.dirname(model));
  */
 const TASK_DRAIN_MS = 60_000;
 
+/** Resolves once `counter[0]` reaches `n`; Atomics.waitAsync leaves the main thread's event loop free meanwhile. */
+async function untilCount(counter: Int32Array, n: number): Promise<void> {
+  // (every supported Node has it; TypeScript types it from lib es2024 only.)
+  const waitAsync = (Atomics as unknown as { waitAsync(a: Int32Array, i: number, v: number): { value: Promise<string> | string } }).waitAsync;
+  for (let v = Atomics.load(counter, 0); v < n; v = Atomics.load(counter, 0)) await waitAsync(counter, 0, v).value;
+}
+
 /** An abort reason as the error the caller should get: ours when it is an AssayError, else 504. */
 function abortError(signal: AbortSignal): AssayError {
   const r: unknown = signal.reason;
@@ -279,6 +286,10 @@ export class InferencePool {
   private readonly loaded = new Set<string>();
   private readonly testFaults: boolean;
   private nextFault: TestFault | null = null;
+  /** untilWorkerEntersForTest: the counter the next task of each kind carries (TestEntered). */
+  private readonly nextEntered: { load: Int32Array | null; infer: Int32Array | null } = { load: null, infer: null };
+  /** untilQueuedForTest's callers, each waiting for `n` queued tasks. */
+  private queuedWaiters: { n: number; resolve: () => void }[] = [];
   /** Releases of the stall faults not yet let go: close() lets them go, so it does not wait out its bound on a test's stall. */
   private readonly stalls = new Set<() => void>();
   private closed = false;
@@ -643,6 +654,7 @@ export class InferencePool {
         metrics.queueDepth.inc();
       }
       this.dispatch(lane);
+      if (this.queuedWaiters.length > 0) this.queueGrew();
     });
   }
 
@@ -950,6 +962,10 @@ export class InferencePool {
       task.testFault = this.nextFault;
       this.nextFault = null;
     }
+    if (this.nextEntered.infer) {
+      task.testEntered = this.nextEntered.infer;
+      this.nextEntered.infer = null;
+    }
     const shape = shapeOf(p, kv?.past?.tokens ?? 0);
     const cost = this.costModel(model).estimate(shape);
     // A pass of an admitted request runs on its lane, in its organization's queue, out of its planned work.
@@ -965,7 +981,10 @@ export class InferencePool {
   /** Load (or unload) a model on every lane. Never refused for a full queue; runs once the inference tasks queued before it have started. */
   async setLoaded(model: string, loaded: boolean): Promise<LoadOk[]> {
     const cost = loaded ? this.estimateLoadMs(model) : 0;
-    const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, { kind: loaded ? "load" : "unload", model }, { bounded: false, cost })));
+    const entered = loaded ? this.nextEntered.load : null;
+    if (entered) this.nextEntered.load = null;
+    const task: Task = { kind: loaded ? "load" : "unload", model, ...(entered ? { testEntered: entered } : {}) };
+    const out = await Promise.all(this.lanes.map((l) => this.enqueue(l, task, { bounded: false, cost })));
     for (const r of out) if (!r.ok) throw new AssayError(r.code, r.message);
     if (loaded) {
       this.loaded.add(model);
@@ -1001,6 +1020,34 @@ export class InferencePool {
     };
     this.stalls.add(release);
     return release;
+  }
+
+  /**
+   * TEST ONLY (ASSAY_TEST_FAULTS=1, refused otherwise): resolves once the worker has reached
+   * onnxruntime's native call in the next task of `kind` (a load on every lane: InferenceSession.create;
+   * a pass: its run), so that a test can act while native code holds the worker thread.
+   */
+  untilWorkerEntersForTest(kind: "load" | "infer"): Promise<void> {
+    if (!this.testFaults) throw new Error("fault injection is off: start with ASSAY_TEST_FAULTS=1 (tests only)");
+    const counter = new Int32Array(new SharedArrayBuffer(4));
+    this.nextEntered[kind] = counter;
+    return untilCount(counter, kind === "load" ? this.lanes.length : 1);
+  }
+
+  /**
+   * TEST ONLY: resolves once `n` inference tasks wait in the lanes' queues at the same time, so that a
+   * test holding a lane with a stalled pass knows the passes it sent have queued behind it.
+   */
+  untilQueuedForTest(n: number): Promise<void> {
+    if (this.queued >= n) return Promise.resolve();
+    return new Promise((resolve) => this.queuedWaiters.push({ n, resolve }));
+  }
+
+  private queueGrew(): void {
+    const queued = this.queued;
+    const ready = this.queuedWaiters.filter((w) => queued >= w.n);
+    this.queuedWaiters = this.queuedWaiters.filter((w) => queued < w.n);
+    for (const w of ready) w.resolve();
   }
 
   /** A task handed to a worker thread, tracked until it settles: close() lets it finish before the threads are terminated. */

@@ -46,6 +46,16 @@ export interface LaneOptions {
  */
 export type TestFault = { kind: "throw" } | { kind: "exit" } | { kind: "stall"; flag: Int32Array };
 
+/**
+ * Test-only (ASSAY_TEST_FAULTS=1), on a load or a pass: a shared counter the worker adds 1 to just
+ * before onnxruntime's native call (a load's InferenceSession.create, a pass's run), where terminating the
+ * thread would abort the process. A test that must act while native code holds the worker waits on
+ * it (InferencePool.untilWorkerEntersForTest) rather than guessing how long the worker takes to get there.
+ */
+export interface TestEntered {
+  testEntered?: Int32Array;
+}
+
 /** A build's key/value layout (manifest `kv`): `past_kv` / `present_kv` are [2, layers, kvHeads, tokens, headDim] float32. */
 export interface KvLayout {
   layers: number;
@@ -70,7 +80,7 @@ export interface KvTask {
   keep: number;
 }
 
-export interface InferTask extends PackedTensors {
+export interface InferTask extends PackedTensors, TestEntered {
   kind: "infer";
   model: string;
   kv?: KvTask;
@@ -88,7 +98,7 @@ export interface BatchTask {
   parts: InferTask[];
 }
 
-export interface LoadTask {
+export interface LoadTask extends TestEntered {
   kind: "load" | "unload";
   model: string;
   /** A load on a lane's main worker: also the build's batch graph, where it batches (the server's readiness). */

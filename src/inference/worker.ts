@@ -4,7 +4,7 @@ import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
 import { BATCH_LAYOUT, batchGraphOf, joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
-import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult } from "./protocol.js";
+import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult, TestEntered } from "./protocol.js";
 
 /**
  * Piscina worker: owns one onnxruntime session per model file. session.run
@@ -84,6 +84,13 @@ async function injectFault(t: InferTask): Promise<void> {
   while (Atomics.load(f.flag, 0) === 0) await waitAsync(f.flag, 0, 0).value;
 }
 
+/** Test-only (ASSAY_TEST_FAULTS=1): see TestEntered in protocol.ts. */
+function entering(t: TestEntered): void {
+  if (!t.testEntered || !lane.testFaults) return;
+  Atomics.add(t.testEntered, 0, 1);
+  Atomics.notify(t.testEntered, 0);
+}
+
 /**
  * onnxruntime-node refuses a tensor on shared memory ("Invalid argument"), so
  * a cached prefix's keys and values are copied here, on the worker's thread.
@@ -138,6 +145,7 @@ async function infer(t: InferTask): Promise<TaskResult> {
     feeds.past_kv = new ort.Tensor("float32", data, [2, layers, kvHeads, past.tokens, headDim]);
   }
   const fetches = kv && kv.keep > 0 ? ["logprobs", "present_kv"] : ["logprobs"];
+  entering(t);
   const start = performance.now();
   const out = await s.run(feeds, fetches);
   const runMs = performance.now() - start;
@@ -185,6 +193,7 @@ async function inferBatch(t: BatchTask): Promise<TaskResult> {
     row_src: i64(j.rowSrc, [T]),
   };
   const keeping = parts.some((p) => p.keep > 0);
+  for (const p of t.parts) entering(p);
   const start = performance.now();
   const out = await s.run(feeds, keeping ? ["logprobs", "present_kv"] : ["logprobs"]);
   const runMs = performance.now() - start;
@@ -227,6 +236,7 @@ export default async function run(task: Task): Promise<TaskResult> {
         return await inferBatch(task);
       case "load": {
         const start = performance.now();
+        entering(task);
         const { provider } = await session(task.model);
         const batching = lane.provider === "cpu" && batches(task.model);
         // The batch graph loads with its build where asked (ASSAY_BATCH_PRELOAD=1, or the server's readiness:

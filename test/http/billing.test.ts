@@ -7,6 +7,7 @@
  */
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
+import type { ConcurrencyLimiter } from "../../src/accounts/limiter.js";
 import { chargeFor } from "../../src/accounts/money.js";
 import { AssayError, type ErrorCode } from "../../src/errors/catalogue.js";
 import { expectSpecError } from "./assertions.js";
@@ -28,6 +29,21 @@ const post = (body: unknown = validBody, key = t.key) =>
   t.app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${key}` }, payload: body as object });
 const balance = () => t.accounts.balance(t.orgId, Date.now());
 const ledgerKinds = () => t.accounts.ledger(t.orgId).map((e) => e.kind);
+
+/**
+ * Resolves once the next slot `limiter` hands out is given back: the last step of a request's end (its
+ * hold is released first), which a hang-up reaches some time after the client's socket has gone.
+ */
+function nextSlotReturned(limiter: ConcurrencyLimiter): Promise<void> {
+  const acquire = limiter.acquire.bind(limiter);
+  return new Promise((resolve) => {
+    limiter.acquire = async (orgId, limit) => {
+      limiter.acquire = acquire;
+      const slot = await acquire(orgId, limit);
+      return slot && { id: slot.id, release: () => slot.release().then(resolve) };
+    };
+  });
+}
 
 describe("charging a successful request", () => {
   it("holds the tokenized cost before model work, then settles to usage.input_tokens × price", async () => {
@@ -156,6 +172,7 @@ describe("no charge for any error", () => {
     await t.app.listen({ port: 0, host: "127.0.0.1" });
     const { port } = t.app.server.address() as AddressInfo;
     t.pipeline.pause(); // never opened: only the hang-up ends the request
+    const returned = nextSlotReturned(t.admission.limiter);
     const abort = new AbortController();
     const pending = fetch(`http://127.0.0.1:${port}/v1/systemone`, {
       method: "POST",
@@ -167,7 +184,7 @@ describe("no charge for any error", () => {
     expect(balance().heldMicro).toBe(40);
     abort.abort();
     await pending;
-    for (let i = 0; i < 100 && (await t.admission.limiter.inFlight(t.orgId)) > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    await returned;
     expect(await t.admission.limiter.inFlight(t.orgId)).toBe(0);
     expect(balance()).toMatchObject({ creditMicro: 1_000_000, heldMicro: 0 });
     expect(t.accounts.ledger(t.orgId).at(-1)).toMatchObject({ kind: "release", note: "error 504 TIMEOUT" });
