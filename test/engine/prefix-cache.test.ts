@@ -5,7 +5,7 @@
  * requests; entries are found only by the organization that made them unless
  * the cache is shared; the response says how many prefix tokens it saved.
  *
- * Cost: about 20 short passes on the 0.5B build and 4 on the 1.5B.
+ * Cost: short passes, on the 0.5B build alone (the small deployment).
  */
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {

@@ -1,15 +1,18 @@
 /**
  * Admission by estimated work, deadlines by work, fair queues and
- * cancellation, on the real engine (the default exported model) behind the
- * real app. The lane is held busy with the pool's test-only `stall` fault;
- * what a test needs to be refused is derived from the engine's own live
- * estimate, so no outcome depends on how fast this machine is. Little model
- * work runs: refused and cancelled requests never reach the worker.
+ * cancellation, on the real engine behind the real app. The lane is held busy
+ * with the pool's test-only `stall` fault; what a test needs to be refused is
+ * derived from the engine's own live estimate, so no outcome depends on how
+ * fast this machine is, nor on which build reads: the small deployment
+ * (test/engine/engine.ts, every name on the 0.5B), whose passes are about a
+ * third as long on 2 cores as the 1.5B's. Little model work runs: refused
+ * and cancelled requests never reach the worker.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { DEADLINE_MARGIN } from "../../src/inference/work.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
+import { smallDeployment } from "../engine/engine.js";
 import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
 
 let engine: EnginePipeline;
@@ -21,8 +24,8 @@ const stall = () => {
 };
 
 beforeAll(async () => {
-  // A queue bound well above what these tests queue: here the work decides. The large build stays unloaded.
-  engine = await startFaultyEngine({ ASSAY_QUEUE_MAX: "64", ASSAY_MODEL_SCHEDULE: "never", ASSAY_MAX_PACKED_TOKENS: "512" });
+  // A queue bound well above what these tests queue: here the work decides.
+  engine = await startFaultyEngine({ ...smallDeployment(), ASSAY_QUEUE_MAX: "64", ASSAY_MODEL_SCHEDULE: "never", ASSAY_MAX_PACKED_TOKENS: "512" });
 });
 afterAll(async () => {
   await engine?.close();
@@ -185,8 +188,8 @@ describe("a short pass beside a long one (the express worker)", () => {
     const long = noul(longState(300));
     expect(engine.estimateGeneralMs(long)).toBeGreaterThan(2 * engine.estimateGeneralMs(noul(SHORT)));
     // The express worker loads a model the first time a short pass could go beside a long one, so the
-    // first rounds may run in order (loading the 1.5B build takes a few long passes on 2 cores); within
-    // ten rounds the short request must overtake.
+    // first rounds may run in order (loading a build takes a few long passes on 2 cores); within ten
+    // rounds the short request must overtake.
     const rounds: { order: string[]; beside: number }[] = [];
     for (let round = 0; round < 10 && !rounds.some((r) => r.beside > 0); round++) {
       const before = await expressPasses();

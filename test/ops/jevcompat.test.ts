@@ -4,8 +4,13 @@
  * runs `jevcompat test URL --key KEY` with its defaults, as a user of a
  * TypeSafe client would: `"model": "jev-latest"` (the SDKs' default name,
  * which models/models.json aliases to judge-latest) against `node
- * dist/src/main.js` on the embedded default, its own SQLite store in a temp
- * ASSAY_DATA_DIR. Every MUST has to pass; the SHOULDs our contract
+ * dist/src/main.js`, its own SQLite store in a temp ASSAY_DATA_DIR, on the
+ * small deployment (test/engine/engine.ts: every name, jev-latest's alias
+ * chain included, on the 0.5B): jevcompat checks the contract (routes,
+ * statuses, shapes, sums, and the answers' invariance to ids, order and other
+ * questions, which packing gives every build alike), never what an answer is,
+ * and the 0.5B reads its 64 requests in a third of the 1.5B's time. Every
+ * MUST has to pass; the SHOULDs our contract
  * (../shared/spec/interface.md) allows are asserted by name, and the one it
  * does not (`score.levels` is MUST there; jevcompat's cap of 10 score levels
  * is narrower than our 255, which is not a failure) is left to the report.
@@ -17,7 +22,8 @@
  * on, neither changing an answer: jevcompat's per-request timeout (120 s) and
  * the server's longest deadline (ASSAY_REQUEST_TIMEOUT_MAX_MS, 600 s) are
  * raised, because the 255-option choice question reads about 2,500 tokens of
- * options on the 1.5B build, minutes on two cores, where a GPU takes seconds.
+ * options, which takes minutes on two cores (on the 1.5B; a third of that on
+ * the 0.5B), where a GPU takes seconds.
  *
  * The report (MUST / SHOULD counts, each failure) is written to
  * `.cache/jevcompat/report.{json,md}` for bench/RESULTS.md.
@@ -28,6 +34,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
+import { smallDeployment } from "../engine/engine.js";
 import { startServer, stopServer, type ServerProcess } from "./server-process.js";
 
 const PACKAGES = ["jevcompat==0.1.1", "typesafe-sdk==0.7.5"];
@@ -87,7 +94,7 @@ let stdout = "";
 beforeAll(async () => {
   ensureVenv();
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-jevcompat-"));
-  server = await startServer({ ASSAY_DATA_DIR: dir, ASSAY_MODEL_SCHEDULE: "never", ASSAY_REQUEST_TIMEOUT_MAX_MS: "1800000" });
+  server = await startServer({ ...smallDeployment(), ASSAY_DATA_DIR: dir, ASSAY_MODEL_SCHEDULE: "never", ASSAY_REQUEST_TIMEOUT_MAX_MS: "1800000" });
   await server.waitForLog(/default model ready/);
   const key = fs.readFileSync(path.join(dir, "local-api-key"), "utf8").trim();
   fs.mkdirSync(OUT, { recursive: true });
