@@ -79,20 +79,21 @@ export function stagesDone(dir) {
   }
 }
 
-export function markStage(dir, stage) {
-  const done = stagesDone(dir);
-  done.add(stage);
+function writeStages(dir, done) {
   const tmp = path.join(dir, `${STAGES}.${process.pid}`);
   fs.writeFileSync(tmp, JSON.stringify([...done].sort()));
   fs.renameSync(tmp, path.join(dir, STAGES));
 }
 
+export function markStage(dir, stage) {
+  const done = stagesDone(dir);
+  done.add(stage);
+  writeStages(dir, done);
+}
+
 export function unmarkStage(dir, stage) {
   const done = stagesDone(dir);
-  if (!done.delete(stage)) return;
-  const tmp = path.join(dir, `${STAGES}.${process.pid}`);
-  fs.writeFileSync(tmp, JSON.stringify([...done].sort()));
-  fs.renameSync(tmp, path.join(dir, STAGES));
+  if (done.delete(stage)) writeStages(dir, done);
 }
 
 /**
