@@ -7,11 +7,17 @@
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import { fileURLToPath } from "node:url";
+import { withLibraryPath } from "../scripts/cuda-provider.mjs";
 import { NODE_VERSION, envFor, fetchNode, mirror, satisfies, supportedRange } from "../scripts/node.mjs";
 
 const here = process.versions.node;
 const range = supportedRange();
-if (!satisfies(here, range)) {
+// The CUDA libraries must be on LD_LIBRARY_PATH when the process starts (scripts/cuda-provider.mjs):
+// where they are not, the CLI runs itself again with them.
+const cudaEnv = process.env.ASSAY_EXECUTION_PROVIDER === "cuda" ? withLibraryPath(process.env) : null;
+if (cudaEnv && cudaEnv.LD_LIBRARY_PATH !== process.env.LD_LIBRARY_PATH) {
+  mirror(spawn(process.execPath, [fileURLToPath(import.meta.url), ...process.argv.slice(2)], { stdio: "inherit", env: cudaEnv }));
+} else if (!satisfies(here, range)) {
   let bin;
   try {
     bin = fetchNode(NODE_VERSION);

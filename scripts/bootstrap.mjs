@@ -14,6 +14,7 @@ import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { ensureCudaProvider } from "./cuda-provider.mjs";
 import { buildKey, cacheRoot, describeCache, markStage, pointAt, stagesDone, sweepPartials, touchUsed, unmarkStage, venvKey, withLock } from "./build-cache.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -86,6 +87,16 @@ function ensureOnnxruntimeProviders() {
   say(`fetching onnxruntime-node ${version}'s ${flag} binaries (its install script; from NuGet) ...`);
   run(process.execPath, [path.join("script", "install.js")], { cwd: pkg, env: { ...process.env, ONNXRUNTIME_NODE_INSTALL: flag } });
   fs.writeFileSync(stamp, `${flag} ${version}`);
+}
+
+// The other route to CUDA, and the default one: onnxruntime-gpu's provider from PyPI with the CUDA 13
+// runtime wheels (scripts/cuda-provider.mjs), where ASSAY_EXECUTION_PROVIDER=cuda says a GPU run is
+// coming; `--cuda-provider` fetches only what loading it needs (the tests take it to the driver).
+function ensurePypiCudaProvider() {
+  const gpuRun = process.env.ASSAY_EXECUTION_PROVIDER === "cuda";
+  if (!gpuRun && !args.has("--cuda-provider")) return;
+  if (process.env.ONNXRUNTIME_NODE_INSTALL || process.env.npm_config_onnxruntime_node_install) return;
+  withLock(BUILD_CACHE, say, () => ensureCudaProvider({ run: gpuRun, say, python: python() }));
 }
 
 // 2. TypeScript build ------------------------------------------------------------
@@ -363,6 +374,7 @@ if (args.has("--cache") || args.has("--cache-prune")) {
 
 ensureNodeModules();
 ensureOnnxruntimeProviders();
+ensurePypiCudaProvider();
 // --no-build: the fast test tier imports src/ through vitest and needs no dist/.
 if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {

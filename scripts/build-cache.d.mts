@@ -8,7 +8,7 @@ export interface BuildKeyInputs {
   formats: Record<string, unknown>;
 }
 export interface CacheRow {
-  kind: "builds" | "weights" | "downloads" | "pyenv";
+  kind: "builds" | "weights" | "downloads" | "pyenv" | "cuda";
   name: string;
   bytes: number;
   used: Date;

@@ -11,6 +11,7 @@
 //   builds/<recipe>-<key>/   a build: manifest.json, its graphs, tokenizer; .assay-stages lists the steps done
 //   weights/<recipe>-<sha>.gguf, downloads/<recipe>/   the assembled weights and the wheels they came from
 //   pyenv/<key>/             the converter's venv, keyed by its requirements and the Python it was made with
+//   cuda/                    the CUDA provider and runtime libraries from PyPI (scripts/cuda-provider.mjs)
 //   lock/                    held by the bootstrap that is building (its pid inside)
 import crypto from "node:crypto";
 import fs from "node:fs";
@@ -193,7 +194,7 @@ export function describeCache(root) {
     return fs.readdirSync(p).reduce((s, e) => s + sizeOf(path.join(p, e)), 0);
   };
   const rows = [];
-  for (const kind of ["builds", "weights", "downloads", "pyenv"]) {
+  for (const kind of ["builds", "weights", "downloads", "pyenv", "cuda"]) {
     const dir = path.join(root, kind);
     if (!fs.existsSync(dir)) continue;
     for (const e of fs.readdirSync(dir)) {

@@ -19,6 +19,7 @@ import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { withLibraryPath } from "./cuda-provider.mjs";
 
 /** What a machine without a supported Node gets: the Active LTS line, the one CI runs. */
 export const NODE_VERSION = "26.10.0";
@@ -92,6 +93,9 @@ function main() {
     if (!wanted) say(`Node ${here} is not a supported line (${supportedRange()}); running on Node ${version} from the npm registry`);
     env = envFor(fetchNode(version));
   }
+  // The CUDA provider's libraries are opened by the dynamic loader, which reads LD_LIBRARY_PATH once,
+  // when the process starts: they are put on it here, in front of the caller's own (scripts/cuda-provider.mjs).
+  if (env.ASSAY_EXECUTION_PROVIDER === "cuda") env = withLibraryPath(env);
   mirror(spawn([command, ...args.map(quote)].join(" "), { cwd: process.cwd(), env, stdio: "inherit", shell: true }));
 }
 

@@ -18,7 +18,7 @@ const PHASES = [
   ["typecheck", () => bin("tsc"), ["-p", "tsconfig.test.json"]],
   ["fast tier", () => bin("vitest"), ["run", "--project", "fast", "--fileParallelism"]],
   // The 0.5B's GPU graph for the WebGPU tests on llvmpipe; the converter's venv for a test's self-check.
-  ["models", process.execPath, ["scripts/bootstrap.mjs", "--gpu-graph", "qwen2.5-coder-0.5b", "--venv"]],
+  ["models", process.execPath, ["scripts/bootstrap.mjs", "--gpu-graph", "qwen2.5-coder-0.5b", "--venv", "--cuda-provider"]],
   ["engine tier", () => bin("vitest"), ["run", "--project", "engine"]],
   ["process tier", () => bin("vitest"), ["run", "--project", "process"]],
 ];

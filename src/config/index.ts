@@ -40,10 +40,12 @@ const Env = z.object({
   /** Public model names → model folders; see models/README.md. */
   ASSAY_MODELS_CONFIG: z.string().default(path.join(ROOT, "models", "models.json")).meta({ doc: "public names → builds", shown: "`models/models.json`" }),
   /** `cpu`, `cuda` or `webgpu`; on a GPU provider every build runs its GPU graph (scripts/gpu_graph.py). */
-  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda", "webgpu"]).default("cpu").meta({ doc: "`cpu`, `cuda` (NVIDIA, onnxruntime-node's CUDA binaries) or `webgpu` (any Vulkan GPU, in the npm package); a GPU provider runs each build's GPU graph (`model.gpu.onnx`, written by the bootstrap when this is set). See [GPU](docs/operations.md#gpu)" }),
+  ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda", "webgpu"]).default("cpu").meta({ doc: "`cpu`, `cuda` (NVIDIA: the CUDA provider from PyPI, or onnxruntime-node's CUDA 12 binaries) or `webgpu` (any Vulkan GPU, in the npm package); a GPU provider runs each build's GPU graph (`model.gpu.onnx`, written by the bootstrap when this is set). See [GPU](docs/operations.md#gpu)" }),
   ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8", "s8s8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU), `s8s8` (`model.s8s8.onnx`: the same products with a kernel on the CUDA provider, whose MatMulInteger takes int8 × int8 only); `auto` picks `s8s8` on CUDA, `u8s8` on a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
   ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
+  /** Read by the launcher (scripts/cuda-provider.mjs), not the server: it must be on LD_LIBRARY_PATH before Node starts. */
+  ASSAY_CUDA_LIBS: z.string().optional().meta({ doc: "a folder holding the CUDA 13 libraries already (a PyTorch cu130 install's `site-packages/nvidia/cu13/lib`): the launcher puts it on `LD_LIBRARY_PATH` and the bootstrap fetches only the provider. See [GPU](docs/operations.md#gpu)", shown: "unset" }),
   /** Start on CPU when the GPU provider cannot start (otherwise boot fails). */
   ASSAY_GPU_FALLBACK_CPU: bool.optional().meta({ doc: "run a lane on the CPU (its CPU graph) when the GPU provider cannot start; otherwise boot fails with the reason", shown: "`0`" }),
   /** The name this setting had before WebGPU: read where ASSAY_GPU_FALLBACK_CPU is unset. */

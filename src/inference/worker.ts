@@ -3,6 +3,7 @@ import os from "node:os";
 import path from "node:path";
 import { workerData } from "node:worker_threads";
 import ort from "onnxruntime-node";
+import { explainCudaFailure } from "./cuda.js";
 import { BATCH_LAYOUT, batchGraphOf, joinPasses, partLogprobs, partPresent, type BatchPart } from "./batch.js";
 import type { BatchTask, InferTask, KvTask, LaneOptions, PrefixKv, Task, TaskResult, TestEntered } from "./protocol.js";
 
@@ -34,7 +35,7 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
     extra: { session: { set_denormal_as_zero: "1", "intra_op.allow_spinning": lane.spinning ? "1" : "0" } },
   };
   let file = model;
-  if (lane.provider !== "cpu") {
+  if (lane.provider !== "cpu" && !fellBack) {
     const device = lane.provider === "cuda" ? `cuda:${lane.deviceId}` : "webgpu";
     try {
       const session = await ort.InferenceSession.create(model, {
@@ -43,16 +44,30 @@ async function create(model: string): Promise<{ session: ort.InferenceSession; p
       });
       return { session, provider: device };
     } catch (e) {
-      // onnxruntime's messages end in a newline, some hold several: one line in the log.
-      const why = (e instanceof Error ? e.message : String(e)).trim().replace(/\s*\n\s*/g, " ");
-      const what = lane.provider === "cuda" ? `CUDA execution provider could not start on device ${lane.deviceId}` : `WebGPU execution provider could not start (no usable Vulkan adapter?)`;
-      if (!lane.gpuFallbackCpu) throw new Error(`${what}: ${why}`);
-      console.error(`[assay] ${what} (${why}); falling back to CPU as configured (ASSAY_GPU_FALLBACK_CPU=1)`);
-      file = cpuGraphOf(model);
+      const why = await gpuFailure(e);
+      if (!lane.gpuFallbackCpu) throw new Error(why);
+      // One line per lane: the lane's other graphs go to the CPU without asking the GPU again.
+      fellBack = true;
+      console.error(`[assay] ${why}; falling back to CPU as configured (ASSAY_GPU_FALLBACK_CPU=1)`);
     }
   }
+  if (fellBack) file = cpuGraphOf(model);
   const session = await ort.InferenceSession.create(file, { ...common, executionProviders: ["cpu"] });
   return { session, provider: "cpu" };
+}
+
+/** Whether this lane's GPU provider failed and it runs on the CPU (ASSAY_GPU_FALLBACK_CPU=1). */
+let fellBack = false;
+
+/** Why the lane's GPU provider could not start, in one line; for CUDA, the cause onnxruntime printed (cuda.ts). */
+async function gpuFailure(e: unknown): Promise<string> {
+  // onnxruntime's messages end in a newline, some hold several: one line in the log.
+  const message = (e instanceof Error ? e.message : String(e)).trim().replace(/\s*\n\s*/g, " ");
+  if (lane.provider !== "cuda") return `WebGPU execution provider could not start (no usable Vulkan adapter?): ${message}`;
+  const cause = await explainCudaFailure(lane.deviceId);
+  const what = `CUDA execution provider could not start on device ${lane.deviceId}`;
+  if (!cause) return `${what}: ${message}`;
+  return message.length <= 160 ? `${what}: ${cause} (onnxruntime: ${message})` : `${what}: ${cause}`;
 }
 
 /** The graph a lane that fell back from its GPU provider runs (LaneOptions.cpuGraph). */

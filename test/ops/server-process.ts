@@ -21,11 +21,17 @@ export interface ServerProcess {
   kill(signal?: NodeJS.Signals): void;
 }
 
-export async function startServer(env: Record<string, string>): Promise<ServerProcess> {
-  const proc = spawn(process.execPath, [path.join(ROOT, "dist", "src", "main.js")], {
+/**
+ * `launcher`: started as `npm start` starts it, through scripts/node.mjs (which sets what must be set
+ * before Node starts: the CUDA libraries' path), in a process group of its own so that kill reaches the server.
+ */
+export async function startServer(env: Record<string, string>, { launcher = false } = {}): Promise<ServerProcess> {
+  const main = path.join(ROOT, "dist", "src", "main.js");
+  const proc = spawn(process.execPath, launcher ? [path.join(ROOT, "scripts", "node.mjs"), `node ${main}`] : [main], {
     cwd: ROOT,
     env: { ...process.env, HOST: "127.0.0.1", PORT: "0", LOG_LEVEL: "info", ...env },
     stdio: ["ignore", "pipe", "pipe"],
+    detached: launcher,
   });
   const log: Record<string, unknown>[] = [];
   let raw = "";
@@ -72,7 +78,7 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
     output: () => raw,
     waitForLog,
     exited,
-    kill: (signal = "SIGTERM") => proc.kill(signal),
+    kill: (signal = "SIGTERM") => (launcher ? process.kill(-proc.pid!, signal) : proc.kill(signal)),
   };
 }
 
