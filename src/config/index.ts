@@ -42,6 +42,7 @@ const Env = z.object({
   /** `cpu`, `cuda` or `webgpu`; on a GPU provider every build runs its GPU graph (scripts/gpu_graph.py). */
   ASSAY_EXECUTION_PROVIDER: z.enum(["cpu", "cuda", "webgpu"]).default("cpu").meta({ doc: "`cpu`, `cuda` (NVIDIA: the CUDA provider from PyPI, or onnxruntime-node's CUDA 12 binaries) or `webgpu` (any Vulkan GPU, in the npm package); a GPU provider runs each build's GPU graph (`model.gpu.onnx`, written by the bootstrap when this is set). See [GPU](docs/operations.md#gpu)" }),
   ASSAY_INT8_PRODUCTS: z.enum(["auto", "u8s8", "u8u8", "s8s8"]).default("auto").meta({ doc: "which graph of a W8A8 build runs: `u8s8` (`model.onnx`: exact only on a CPU with VNNI or AMX, where it is fastest), `u8u8` (`model.u8u8.onnx`: the same products, exact on every CPU), `s8s8` (`model.s8s8.onnx`: the same products with a kernel on the CUDA provider, whose MatMulInteger takes int8 × int8 only); `auto` picks `s8s8` on CUDA, `u8s8` on a CPU with `avx512_vnni`, `avx_vnni` or `amx_int8`, else `u8u8`" }),
+  ASSAY_GPU_PRECISION: z.enum(["half", "float32"]).default("half").meta({ doc: "on CUDA, which GPU graph a build serves: `half` (`model.gpu16.onnx`, float16 products and weights, where the build has it; else the float32 one, with a warning) or `float32` (`model.gpu.onnx`); WebGPU serves the float32 one. See [GPU](docs/operations.md#gpu)" }),
   /** Comma-separated CUDA device ids: one worker per GPU. */
   ASSAY_CUDA_DEVICES: z.string().default("0").meta({ doc: "GPUs, one lane each" }),
   /** Read by the launcher (scripts/cuda-provider.mjs), not the server: it must be on LD_LIBRARY_PATH before Node starts. */
@@ -203,6 +204,7 @@ export type Config = Readonly<{
   int8Products: "auto" | "u8s8" | "u8u8" | "s8s8";
   cudaDevices: number[];
   gpuFallbackCpu: boolean;
+  gpuPrecision: "half" | "float32";
   workers: number;
   intraOpThreads: number;
   intraOpSpinning: boolean;
@@ -276,6 +278,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Part
     int8Products: e.ASSAY_INT8_PRODUCTS,
     cudaDevices,
     gpuFallbackCpu: e.ASSAY_GPU_FALLBACK_CPU ?? e.ASSAY_CUDA_FALLBACK_CPU,
+    gpuPrecision: e.ASSAY_GPU_PRECISION,
     workers,
     intraOpThreads,
     intraOpSpinning: e.ASSAY_INTRA_OP_SPINNING,

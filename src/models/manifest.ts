@@ -145,21 +145,32 @@ export interface ReadBuildOptions {
    * refuses the build (its int8 products would run on the host); CUDA runs the `int8` graph, told through `warn`.
    */
   provider?: ExecutionProvider;
+  /** On CUDA: the half-precision GPU graph (GPU16_GRAPH) where the build has a current one, else the float32 one. */
+  gpuPrecision?: GpuPrecision;
 }
+
+export type GpuPrecision = "half" | "float32";
 
 /** A build's GPU graph (scripts/gpu_graph.py): float products a GPU provider runs on the device, and what it was made from. */
 export const GPU_GRAPH = { file: "model.gpu.onnx", facts: "model.gpu.json", format: "assay-gpu-v1" } as const;
+/** Its half-precision twin for CUDA (scripts/half_graph.py): the same graph, its products and weights in float16. */
+export const GPU16_GRAPH = { file: "model.gpu16.onnx", facts: "model.gpu16.json", format: "assay-gpu16-v1" } as const;
 
-const GpuFacts = z.looseObject({ format: z.string(), build_hash: z.string().nullable(), weights: z.string() });
+const GpuFacts = z.looseObject({ format: z.string(), build_hash: z.string().nullable() });
 
-/** The GPU graph of the build in `dir`, or why it cannot serve (absent, or made from other weights or by another format). */
-export function gpuGraph(dir: string, manifest: Pick<Manifest, "build_hash">): { file: string } | { missing: string } {
-  const factsFile = path.join(dir, GPU_GRAPH.facts);
-  const file = path.join(dir, GPU_GRAPH.file);
-  if (!fs.existsSync(factsFile) || !fs.existsSync(file)) return { missing: `${dir} has no GPU graph (${GPU_GRAPH.file})` };
+/** The GPU graph (`kind`) of the build in `dir`, or why it cannot serve (absent, or made from other weights or by another format). */
+export function gpuGraph(
+  dir: string,
+  manifest: Pick<Manifest, "build_hash">,
+  kind: typeof GPU_GRAPH | typeof GPU16_GRAPH = GPU_GRAPH,
+): { file: string } | { missing: string } {
+  const factsFile = path.join(dir, kind.facts);
+  const file = path.join(dir, kind.file);
+  const what = kind === GPU_GRAPH ? "GPU graph" : "half-precision GPU graph";
+  if (!fs.existsSync(factsFile) || !fs.existsSync(file)) return { missing: `${dir} has no ${what} (${kind.file})` };
   const facts = GpuFacts.safeParse(JSON.parse(fs.readFileSync(factsFile, "utf8")));
-  if (!facts.success || facts.data.format !== GPU_GRAPH.format) return { missing: `${dir}'s GPU graph is not of format ${GPU_GRAPH.format}` };
-  if (facts.data.build_hash !== manifest.build_hash) return { missing: `${dir}'s GPU graph was made from build ${facts.data.build_hash}, not ${manifest.build_hash}` };
+  if (!facts.success || facts.data.format !== kind.format) return { missing: `${dir}'s ${what} is not of format ${kind.format}` };
+  if (facts.data.build_hash !== manifest.build_hash) return { missing: `${dir}'s ${what} was made from build ${facts.data.build_hash}, not ${manifest.build_hash}` };
   return { file };
 }
 
@@ -211,7 +222,12 @@ export function readBuild(dir: string, opts: ReadBuildOptions = {}): ModelBuild 
   let graph: string = INT8_GRAPH.u8s8;
   const want = opts.int8 ?? "u8s8";
   const gpu = opts.provider && opts.provider !== "cpu" ? gpuGraph(dir, manifest) : null;
-  if (gpu && "file" in gpu) graph = GPU_GRAPH.file;
+  const half = opts.provider === "cuda" && (opts.gpuPrecision ?? "half") === "half" ? gpuGraph(dir, manifest, GPU16_GRAPH) : null;
+  if (half && "file" in half) graph = GPU16_GRAPH.file;
+  else if (gpu && "file" in gpu) {
+    graph = GPU_GRAPH.file;
+    if (half) warn(`${half.missing}: CUDA runs the float32 GPU graph instead; run ASSAY_EXECUTION_PROVIDER=cuda npm run prepare-models`);
+  }
   else if (gpu && opts.provider === "webgpu") {
     throw new Error(`${gpu.missing}: the WebGPU provider has no kernels for the CPU graph's int8 products; run ASSAY_EXECUTION_PROVIDER=webgpu npm run prepare-models`);
   } else {

@@ -4,7 +4,7 @@ import { InferencePool } from "../inference/pool.js";
 import { cpuInt8Products, INT8_GRAPH, int8Products } from "../models/int8.js";
 import { ModelLifecycle } from "../models/lifecycle.js";
 import { ModelRegistry, type ResolvedModel } from "../models/registry.js";
-import { GPU_GRAPH, type ReadBuildOptions } from "../models/manifest.js";
+import { GPU16_GRAPH, GPU_GRAPH, type ReadBuildOptions } from "../models/manifest.js";
 import { parseSchedule } from "../models/schedule.js";
 import { DEFAULT_DEBIAS, NO_DEBIAS, type Debias } from "../prompt/index.js";
 import { runCodeSearch } from "../families/codesearch.js";
@@ -69,7 +69,7 @@ export class EnginePipeline implements Pipeline {
   ): Promise<EnginePipeline> {
     const registry = ModelRegistry.load(config.modelsConfig, config.modelsDir);
     // A GPU lane that falls back to the CPU swaps the GPU graph for the one this CPU runs exactly.
-    const pool = new InferencePool(config, { cpuGraph: { from: [GPU_GRAPH.file, INT8_GRAPH.s8s8], to: INT8_GRAPH[cpuInt8Products().use] } });
+    const pool = new InferencePool(config, { cpuGraph: { from: [GPU_GRAPH.file, GPU16_GRAPH.file, INT8_GRAPH.s8s8], to: INT8_GRAPH[cpuInt8Products().use] } });
     const lifecycle = new ModelLifecycle(pool, {
       schedule: parseSchedule(config.modelSchedule),
       idleUnloadMs: config.modelIdleUnloadMs,
@@ -82,7 +82,7 @@ export class EnginePipeline implements Pipeline {
       const int8 = int8Products(config.int8Products, config.provider);
       log(`int8 products: ${int8.use} (${int8.why})${config.provider === "cpu" ? "" : `; on ${config.provider}, each build's GPU graph (${GPU_GRAPH.file}) where it has one`}`);
       for (const build of registry.usedBuilds()) {
-        const lb = loadBuild(registry.buildDir(build), { int8: int8.use, provider: config.provider, ...(build === override ? { calibration: opts.calibration!.fit } : {}) });
+        const lb = loadBuild(registry.buildDir(build), { int8: int8.use, provider: config.provider, gpuPrecision: config.gpuPrecision, ...(build === override ? { calibration: opts.calibration!.fit } : {}) });
         p.builds.set(build, lb);
         lifecycle.register(build, lb.build.onnxPath, registry.availability(build));
       }
