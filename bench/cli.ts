@@ -5,7 +5,8 @@
  * (and .svg for latency and batch). Scenarios: state-sharing, latency (the krite-bench matrix in
  * layers, with the naive and llama.cpp baselines), batch (assay batch grouped vs ungrouped),
  * families (code search and fact check names vs one request per item), codesearch (what each code
- * search name keeps at noul > 0.5 on the dev rows).
+ * search name keeps at noul > 0.5 on the dev rows), half-precision (each build's model.gpu16.onnx against
+ * its model.gpu.onnx, answers compared).
  */
 import { Command } from "commander";
 import { loadConfig } from "../src/config/index.js";
@@ -21,6 +22,7 @@ import { prefixScenario, type PrefixOptions } from "./prefix.js";
 import { costScenario } from "./cost.js";
 import { familiesScenario } from "./families.js";
 import { gpuPasses } from "./gpu-passes.js";
+import { halfPrecisionScenario } from "./half-precision.js";
 import { codesearchScenario } from "./codesearch.js";
 import { concurrencyScenario } from "./concurrency.js";
 import { questionsOf, stateOf, timeIt, write } from "./common.js";
@@ -309,6 +311,16 @@ program
   .option("--build <dir>", "build folder whose tokenizer packs them", "models/cache/qwen2.5-coder-0.5b-instruct")
   .action(async (o: { build: string }) => {
     await gpuPasses(o.build);
+  });
+
+program
+  .command("half-precision")
+  .description("each build's half-precision GPU graph (model.gpu16.onnx) against its float32 one, answers compared on the CPU provider")
+  .option("--builds <list>", "build folders under models/cache", "qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct")
+  .option("--dev <n>", "dev requests besides the README's", int("--dev"), 25)
+  .option("--graph <file>", "the half graph's file in each build folder", "model.gpu16.onnx")
+  .action(async (o: { builds: string; dev: number; graph: string }) => {
+    await halfPrecisionScenario({ builds: o.builds.split(",").map((x) => x.trim()), dev: o.dev, graph: o.graph }, command());
   });
 
 program

@@ -344,6 +344,29 @@ function ensureGpuGraphs(builds) {
   }
 }
 
+// The GPU graph's half-precision twin for CUDA (scripts/half_graph.py, from model.gpu.onnx): every used
+// build's where ASSAY_EXECUTION_PROVIDER=cuda. Not part of the build's key (the graphs it is written from
+// are): its facts carry the script's hash, and a changed script writes it again.
+const GPU16_FORMAT = "assay-gpu16-v1";
+
+function ensureHalfGraphs(builds) {
+  if (process.env.ASSAY_EXECUTION_PROVIDER !== "cuda" || process.env.ASSAY_GPU_PRECISION === "float32") return;
+  const script = path.join(ROOT, "scripts", "half_graph.py");
+  const scriptHash = crypto.createHash("sha256").update(fs.readFileSync(script)).digest("hex");
+  for (const { name, dir, entry } of builds) {
+    if (!entry || !fs.existsSync(path.join(dir, "model.gpu.onnx"))) continue;
+    const hash = JSON.parse(fs.readFileSync(path.join(dir, "manifest.json"), "utf8")).build_hash;
+    const facts = path.join(dir, "model.gpu16.json");
+    const current = fs.existsSync(facts) && JSON.parse(fs.readFileSync(facts, "utf8"));
+    const whole = stagesDone(entry).has("gpu16") && fs.existsSync(path.join(dir, "model.gpu16.onnx"));
+    if (whole && current && current.format === GPU16_FORMAT && current.build_hash === hash && current.script_sha256 === scriptHash) continue;
+    say(`model "${name}": writing its half-precision GPU graph (first run on this machine only, a minute or two) ...`);
+    unmarkStage(entry, "gpu16");
+    run(ensureVenv(), [script, "--build", dir]);
+    markStage(entry, "gpu16");
+  }
+}
+
 // `--cache`: what the build cache holds; `--cache-prune DAYS`: remove its entries no bootstrap has used for DAYS days.
 function cacheCommand() {
   const argv = process.argv.slice(2);
@@ -386,6 +409,7 @@ if (!args.has("--no-models")) {
     ensureModels(builds);
     ensureBatchGraphs(builds, graphs);
     ensureGpuGraphs(builds);
+    ensureHalfGraphs(builds);
     // --venv: the converter's venv linked in too where no build needed it (npm test: a test runs its self-check).
     if (args.has("--venv")) ensureVenv();
   });
