@@ -10,6 +10,7 @@
  *   wide      a 512-token state, 64 choice questions of 8 options each
  *   small     a 64-token state, 1 choice question of 2 options (the concurrency bench's small request,
  *             sent 8 at once: a GPU lane runs them one after another)
+ *   many      a 512-token state, 1 choice question of 255 options (the spec's most), keyed `o1` … `o255`
  */
 import fs from "node:fs";
 import os from "node:os";
@@ -19,11 +20,24 @@ import type { PackedTensors } from "../src/inference/pack.js";
 import type { KvTask } from "../src/inference/protocol.js";
 import { EnginePipeline } from "../src/pipeline/index.js";
 import { Timings } from "../src/pipeline/timings.js";
+import type { Question } from "../src/validate/schema.js";
 import { choiceQuestions, stateOf } from "./common.js";
 
 export const GPU_PASSES_FILE = path.join(ROOT, "bench", "gpu-check-passes.json");
 
-const CELLS = { primary: { state: 512, questions: 1, options: 4 }, wide: { state: 512, questions: 64, options: 8 }, small: { state: 64, questions: 1, options: 2 } };
+const CELLS = {
+  primary: { state: 512, questions: 1, options: 4 },
+  wide: { state: 512, questions: 64, options: 8 },
+  small: { state: 64, questions: 1, options: 2 },
+  many: { state: 512, questions: 1, options: 255 },
+};
+
+/** One choice question of `n` options: choiceQuestions' letter keys run out at 26. */
+function manyOptions(n: number): Record<string, Question> {
+  const [q] = Object.values(choiceQuestions(1, 2));
+  const criteria = Object.fromEntries(Array.from({ length: n }, (_, i) => [`o${i + 1}`, `the figure in row ${i + 1} of the report`]));
+  return { q0: { ...q!, criteria } as Question };
+}
 
 type Json = Record<string, number | number[]>;
 
@@ -63,7 +77,7 @@ export async function gpuPasses(buildDir: string): Promise<void> {
     const lb = engine.build(name);
     for (const [cell, c] of Object.entries(CELLS)) {
       recording = passes[cell] = [];
-      await engine.run({ model: name, state: stateOf(lb, c.state), questions: choiceQuestions(c.questions, c.options) }, { requestId: cell, orgId: cell, timings: new Timings() });
+      await engine.run({ model: name, state: stateOf(lb, c.state), questions: c.options > 26 ? manyOptions(c.options) : choiceQuestions(c.questions, c.options) }, { requestId: cell, orgId: cell, timings: new Timings() });
     }
     const out = { cells: CELLS, build: lb.build.manifest.name, passes };
     fs.writeFileSync(GPU_PASSES_FILE, `${JSON.stringify(out)}\n`);

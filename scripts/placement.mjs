@@ -2,6 +2,7 @@
 // Where onnxruntime places a graph's nodes on an execution provider, as JSON on stdout:
 //   node scripts/placement.mjs GRAPH [webgpu|cuda|cpu]
 //   {"provider":"webgpu","ok":true,"nodes":{"WebGpuExecutionProvider":{"MatMul":169,...},"CPUExecutionProvider":{...}}}
+//   where it fails, "ok":false, "error" (onnxruntime's message) and "summary" (the same, short)
 // onnxruntime says it only in its verbose log, which its native logger writes to this process's
 // stderr: no API returns it. So this runs as a process of its own (the engine's tests and the
 // device check spawn it), creates one session with verbose logging and reads its own stderr back.
@@ -60,6 +61,11 @@ for (const line of log.split("\n")) {
 }
 const failed = /ASSAY_PLACEMENT_FAILED (.*)/.exec(log);
 const out = { provider, graph, ok: child.status === 0, nodes };
-if (!out.ok) out.error = failed ? failed[1] : `exit ${child.status ?? child.signal}: ${log.split("\n").filter(Boolean).slice(-3).join(" | ")}`;
+if (!out.ok) {
+  out.error = failed ? failed[1] : `exit ${child.status ?? child.signal}: ${log.split("\n").filter(Boolean).slice(-3).join(" | ")}`;
+  // The same without onnxruntime's source paths and template signatures (a CUDA failure: its number, words and call).
+  const cuda = /(CUDA failure \d+: [^;]*?)\s*;.*?expr=([^;]*);/.exec(out.error);
+  out.summary = cuda ? `${cuda[1]} (${cuda[2].trim()})` : out.error.replace(/\/onnxruntime_src\/\S+ /g, "").replace(/std::conditional_t<.*?\] /g, "").slice(0, 400);
+}
 console.log(JSON.stringify(out));
 process.exit(out.ok ? 0 : 1);

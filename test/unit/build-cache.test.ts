@@ -70,7 +70,11 @@ describe("build cache key", () => {
     const bootstrap = fs.readFileSync(path.join(ROOT, "scripts", "bootstrap.mjs"), "utf8");
     const run = [...bootstrap.matchAll(/"scripts", "([a-z_0-9]+\.py)"/g)].map((m) => m[1]);
     expect(run.length).toBeGreaterThanOrEqual(5);
-    for (const f of run) expect(BUILD_SCRIPTS).toContain(f);
+    // half_graph.py writes from the build's own float32 GPU graph and is keyed apart: its facts carry the
+    // script's sha256, and the bootstrap writes the graph again when it differs (ensureHalfGraphs).
+    const keyedApart = ["half_graph.py"];
+    for (const f of run) if (!keyedApart.includes(f)) expect(BUILD_SCRIPTS).toContain(f);
+    expect(bootstrap).toContain("current.script_sha256 === scriptHash");
   });
 
   it("covers every script the graph writers import from scripts/", () => {
