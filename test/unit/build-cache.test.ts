@@ -68,7 +68,7 @@ describe("build cache key", () => {
 
   it("covers every Python script the bootstrap runs", () => {
     const bootstrap = fs.readFileSync(path.join(ROOT, "scripts", "bootstrap.mjs"), "utf8");
-    const run = [...bootstrap.matchAll(/"scripts", "([a-z_0-9]+\.py)"/g)].map((m) => m[1]);
+    const run = [...bootstrap.matchAll(/"scripts", "([a-z_0-9]+\.py)"/g)].map((m) => m[1]!);
     expect(run.length).toBeGreaterThanOrEqual(5);
     // half_graph.py writes from the build's own float32 GPU graph and is keyed apart: its facts carry the
     // script's sha256, and the bootstrap writes the graph again when it differs (ensureHalfGraphs).
