@@ -9,7 +9,8 @@ import { judge, type PlannedPass, type RequestDeadline } from "./work.js";
  * The records the pool's parts share (pool.ts composes them): a job (a task
  * queued or in a worker's hands), a lane and its express worker as the queue,
  * admission, batch forming and the lanes see them, and an admitted request's
- * work. Records only: no part's policy lives here.
+ * work, with the little arithmetic on them that more than one part reads
+ * (a running pass's rest, the requests a run serves).
  */
 
 export interface Job {
