@@ -68,6 +68,51 @@ module.exports = {
       to: { path: "^src/(eval|cli)/" },
     },
     {
+      name: "inference-rooms-apart",
+      comment:
+        "src/inference/README.md: the queue, admission, batch forming, the express path and the lanes never import one another " +
+        "(so the first four never reach the workers), nor the pool that composes them: each gets what it needs of the others " +
+        "through the host interface pool.ts hands it",
+      severity: "error",
+      from: { path: "^src/inference/(queue|admission|batch-forming|express|lanes)\\.ts$" },
+      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|pool|test-hooks)\\.ts$" },
+    },
+    {
+      name: "inference-records-and-policy-below-the-rooms",
+      comment: "the shared records (jobs.ts), the policies (work.ts, cost.ts, fair-queue.ts) and the worker side import none of the rooms",
+      severity: "error",
+      from: { path: "^src/inference/", pathNot: "^src/inference/(queue|admission|batch-forming|express|lanes|pool)\\.ts$" },
+      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|pool|test-hooks)\\.ts$" },
+    },
+    {
+      name: "inference-test-hooks-via-the-pool",
+      comment: "test hooks are off the pool's surface: only the pool attaches them and only the process entry (POST /__test/faults) reaches them",
+      severity: "error",
+      from: { path: "^src/", pathNot: ["^src/inference/pool\\.ts$", "^src/main\\.ts$"] },
+      to: { path: "^src/inference/test-hooks\\.ts$" },
+    },
+    {
+      name: "inference-surface-is-the-pool",
+      comment: "outside src/inference only the pool and the pure modules (pack, cost, work, protocol) are imported, never a room or the records",
+      severity: "error",
+      from: { path: "^src/", pathNot: "^src/inference/" },
+      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|jobs|fair-queue)\\.ts$" },
+    },
+    {
+      name: "engine-planner-never-runs",
+      comment: "src/engine/README.md: the pass planner (planner.ts) and its arithmetic (passes.ts) plan passes; only index.ts runs them on the pool",
+      severity: "error",
+      from: { path: "^src/engine/(planner|passes)\\.ts$" },
+      to: { path: ["^src/inference/pool\\.ts$", "^src/engine/index\\.ts$"] },
+    },
+    {
+      name: "engine-passes-pure",
+      comment: "passes.ts is the planner's arithmetic: never the planner, the prior cache or the engine that use it",
+      severity: "error",
+      from: { path: "^src/engine/passes\\.ts$" },
+      to: { path: "^src/engine/(planner|prior|index)\\.ts$" },
+    },
+    {
       name: "no-circular",
       severity: "error",
       from: {},

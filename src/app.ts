@@ -52,7 +52,7 @@ export interface AppDeps {
   logger?: FastifyBaseLogger;
   /** Serving state and requests in flight; main.ts drains it on SIGTERM. Made here when absent. */
   lifecycle?: Lifecycle;
-  /** TEST ONLY: the pool behind POST /__test/faults, registered only when `config.testFaults`. */
+  /** TEST ONLY: the pool's test hooks (testHooks) behind POST /__test/faults, registered only when `config.testFaults`. */
   faults?: () => FaultInjector | null;
   /** Seconds the default model took to become ready, once known (`/health`). */
   startupSeconds?: () => number | null;

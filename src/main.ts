@@ -12,6 +12,7 @@
 import type { AddressInfo } from "node:net";
 import { loadConfig } from "./config/index.js";
 import { openAccounts, ensureLocalKey } from "./accounts/index.js";
+import { testHooks } from "./inference/test-hooks.js";
 import { EnginePipeline } from "./pipeline/index.js";
 import type { ModelListing } from "./pipeline/types.js";
 import { ModelRegistry } from "./models/registry.js";
@@ -60,7 +61,7 @@ async function main(): Promise<void> {
     accounts,
     logger,
     lifecycle,
-    faults: () => engine?.pool ?? null,
+    faults: () => (engine ? testHooks(engine.pool) : null),
     startupSeconds: () => starting.startupSeconds,
   });
   metrics.ready.set(0);

@@ -16,7 +16,7 @@ import { invalid } from "../errors/catalogue.js";
 import { metrics } from "../observability/metrics.js";
 import { openApiDocument } from "./openapi.js";
 
-/** What the test-fault route drives: the inference pool's test hook. */
+/** What the test-fault route drives: the inference pool's test hooks (src/inference/test-hooks.ts). */
 export interface FaultInjector {
   injectFaultForTest(kind: "throw" | "exit" | "stall"): () => void;
 }

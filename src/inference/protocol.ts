@@ -50,7 +50,7 @@ export type TestFault = { kind: "throw" } | { kind: "exit" } | { kind: "stall"; 
  * Test-only (ASSAY_TEST_FAULTS=1), on a load or a pass: a shared counter the worker adds 1 to just
  * before onnxruntime's native call (a load's InferenceSession.create, a pass's run), where terminating the
  * thread would abort the process. A test that must act while native code holds the worker waits on
- * it (InferencePool.untilWorkerEntersForTest) rather than guessing how long the worker takes to get there.
+ * it (TestHooks.untilWorkerEntersForTest) rather than guessing how long the worker takes to get there.
  */
 export interface TestEntered {
   testEntered?: Int32Array;

@@ -21,6 +21,7 @@ import { prepare } from "../../src/families/general.js";
 import { batchGraphOf } from "../../src/inference/batch.js";
 import { continuePacked, type PackedRequest } from "../../src/inference/pack.js";
 import type { InferOk, KvTask, PrefixKv } from "../../src/inference/protocol.js";
+import { testHooks } from "../../src/inference/test-hooks.js";
 import { metrics } from "../../src/observability/metrics.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import type { Question, SystemOneResponse } from "../../src/validate/schema.js";
@@ -80,13 +81,13 @@ async function batchedRuns(): Promise<number> {
  * `queued`: how many of them reach the queue (a pass whose request hung up at once never stays there).
  */
 async function together<T>(lb: LoadedBuild, queued: number, passes: () => Promise<T>[]): Promise<T[]> {
-  const release = pipeline.pool.injectFaultForTest("stall");
+  const release = testHooks(pipeline.pool).injectFaultForTest("stall");
   const kv = lb.build.manifest.kv!;
   const layout = { layers: kv.layers, kvHeads: kv.kv_heads, headDim: kv.head_dim };
   const held = pipeline.pool.infer(lb.build.onnxPath, prepare(lb, "hold", { q: QUESTIONS.refund! }).packed, undefined, { layout, keep: 0 });
   const sent = passes();
   // Every pass is queued behind the stalled one before it goes (a whole request tokenizes and admits first).
-  await pipeline.pool.untilQueuedForTest(queued);
+  await testHooks(pipeline.pool).untilQueuedForTest(queued);
   release();
   await held;
   return Promise.all(sent);

@@ -19,6 +19,7 @@ import path from "node:path";
 import { describe, expect, it, vi } from "vitest";
 import { ROOT, loadConfig } from "../../src/config/index.js";
 import { InferencePool } from "../../src/inference/pool.js";
+import { testHooks } from "../../src/inference/test-hooks.js";
 import { Timings } from "../../src/pipeline/timings.js";
 import type { RequestEnvelope } from "../../src/validate/schema.js";
 import { smallDeployment, startEngine } from "./engine.js";
@@ -36,7 +37,7 @@ const ENV = { LOG_LEVEL: "silent", ASSAY_TEST_FAULTS: "1", ASSAY_MAIN_WORKER_NIC
 describe("closing the pool during a model load", () => {
   it("waits for the load under way, then closes; the process lives on", async () => {
     const pool = new InferencePool(loadConfig({ ...process.env, ...ENV }));
-    const creating = pool.untilWorkerEntersForTest("load");
+    const creating = testHooks(pool).untilWorkerEntersForTest("load");
     let loadEnded = 0;
     const load = pool.setLoaded(MODEL, true).then(
       (r) => (r.every((x) => x.ok) ? "loaded" : "failed"),
@@ -69,7 +70,7 @@ describe("closing the pool during a pass", () => {
     const running = new Promise<void>((resolve, reject) => {
       vi.spyOn(pipeline.pool, "infer").mockImplementation((model, packed, signal, kv) => {
         // Tokens before the question blocks (slotOf: one per token after the prefix): about 960 of the state here.
-        if (packed.inputIds.length - packed.slotOf.length >= 500) pipeline.pool.untilWorkerEntersForTest("infer").then(resolve, reject);
+        if (packed.inputIds.length - packed.slotOf.length >= 500) testHooks(pipeline.pool).untilWorkerEntersForTest("infer").then(resolve, reject);
         return infer(model, packed, signal, kv);
       });
     });

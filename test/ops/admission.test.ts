@@ -9,6 +9,7 @@
  * and cancelled requests never reach the worker.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { testHooks } from "../../src/inference/test-hooks.js";
 import { DEADLINE_MARGIN } from "../../src/inference/work.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
@@ -19,7 +20,7 @@ let engine: EnginePipeline;
 let t: OpsApp | null = null;
 let stalled: (() => void) | null = null;
 const stall = () => {
-  stalled = engine.pool.injectFaultForTest("stall");
+  stalled = testHooks(engine.pool).injectFaultForTest("stall");
   return stalled;
 };
 

@@ -12,6 +12,7 @@
  * the long pass the request goes beside is a third as long on 2 cores.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { testHooks } from "../../src/inference/test-hooks.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { smallDeployment } from "../engine/engine.js";
 import { makeOpsApp, sample, startFaultyEngine, until, type OpsApp } from "./helpers.js";
@@ -50,7 +51,7 @@ it("a primary-cell-sized request of another organization runs beside a long pass
   const other = t.accounts.createKey("epsilon");
   const metrics = async () => (await t!.app.inject({ method: "GET", url: "/metrics" })).body;
   const before = sample(await metrics(), "assay_express_passes_total", {});
-  const release = engine.pool.injectFaultForTest("stall");
+  const release = testHooks(engine.pool).injectFaultForTest("stall");
   const a = t.app.inject({ method: "POST", url: "/v1/systemone", headers: { authorization: `Bearer ${t.key}` }, payload: long });
   try {
     await until(() => engine.pool.running === 1, "the long request to reach the worker", { pending: a });

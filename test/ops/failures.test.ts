@@ -10,6 +10,7 @@
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { StartingPipeline } from "../../src/http/starting.js";
+import { testHooks } from "../../src/inference/test-hooks.js";
 import { metrics } from "../../src/observability/metrics.js";
 import type { EnginePipeline } from "../../src/pipeline/index.js";
 import { expectSpecError } from "../http/assertions.js";
@@ -21,7 +22,7 @@ let t: OpsApp | null = null;
 /** The stall armed by the running test: released after it whatever happens, so a failure cannot block the next test. */
 let stalled: (() => void) | null = null;
 const stall = () => {
-  stalled = engine.pool.injectFaultForTest("stall");
+  stalled = testHooks(engine.pool).injectFaultForTest("stall");
   return stalled;
 };
 
@@ -122,7 +123,7 @@ describe("504 when a request exceeds its deadline", () => {
 describe("502 when the model fails", () => {
   it("a worker that throws: 502 with a detail, not charged, the next request succeeds", async () => {
     t = await makeOpsApp(engine);
-    engine.pool.injectFaultForTest("throw");
+    testHooks(engine.pool).injectFaultForTest("throw");
     const res = await post();
     expect(expectSpecError(res, 502)).toMatch(/the model failed: injected test fault/);
     expect(kinds().at(-1)).toEqual(["release", "error 502 MODEL_FAILED"]);
@@ -135,7 +136,7 @@ describe("502 when the model fails", () => {
     const metricBefore = (await metrics.workerRestarts.get()).values[0]?.value ?? 0;
     const baseline = await post();
     expect(baseline.statusCode).toBe(200);
-    engine.pool.injectFaultForTest("exit");
+    testHooks(engine.pool).injectFaultForTest("exit");
     const res = await post();
     expect(expectSpecError(res, 502)).toMatch(/worker failed and was restarted: worker exited with code: 70/);
     expect(engine.pool.restarts).toBe(restartsBefore + 1);

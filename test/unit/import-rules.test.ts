@@ -71,4 +71,26 @@ describe("import rules", () => {
     expect(found).toContain("served-code-never-offline-tools: src/probability/calibration.ts → src/eval/fitting.ts");
     expect(found.some((f) => f.startsWith("no-circular:"))).toBe(true);
   });
+
+  it("the rule set catches a room of the pool importing another or the lanes, a record importing a room, test hooks reached past the pool, and the planner running passes", () => {
+    const dir = fixture({
+      "inference/queue.ts": 'import { spawn } from "./lanes.js";\nexport const q = spawn;\n',
+      "inference/admission.ts": 'import { q } from "./queue.js";\nexport const a = q;\n',
+      "inference/lanes.ts": "export const spawn = 1;\n",
+      "inference/jobs.ts": 'import { a } from "./admission.js";\nexport const j = a;\n',
+      "inference/test-hooks.ts": "export const hooks = 1;\n",
+      "inference/pool.ts": 'import { hooks } from "./test-hooks.js";\nexport const run = hooks;\n',
+      "engine/index.ts": 'import { hooks } from "../inference/test-hooks.js";\nexport const e = hooks;\n',
+      "engine/planner.ts": 'import { run } from "../inference/pool.js";\nexport const p = run;\n',
+      "pipeline/index.ts": 'import { j } from "../inference/jobs.js";\nexport const x = j;\n',
+    });
+    const found = cruise(dir).map((v) => `${v.rule.name}: ${v.from} → ${v.to}`);
+    expect(found).toContain("inference-rooms-apart: src/inference/queue.ts → src/inference/lanes.ts");
+    expect(found).toContain("inference-rooms-apart: src/inference/admission.ts → src/inference/queue.ts");
+    expect(found).toContain("inference-records-and-policy-below-the-rooms: src/inference/jobs.ts → src/inference/admission.ts");
+    expect(found).toContain("inference-test-hooks-via-the-pool: src/engine/index.ts → src/inference/test-hooks.ts");
+    expect(found).not.toContain("inference-test-hooks-via-the-pool: src/inference/pool.ts → src/inference/test-hooks.ts");
+    expect(found).toContain("engine-planner-never-runs: src/engine/planner.ts → src/inference/pool.ts");
+    expect(found).toContain("inference-surface-is-the-pool: src/pipeline/index.ts → src/inference/jobs.ts");
+  });
 });
