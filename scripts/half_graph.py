@@ -308,12 +308,12 @@ def fuse_attention(m: onnx.ModelProto, kv: dict, dtype: str = "float32") -> dict
     neg = np.float32(-np.inf)
     T1 = b.op("Shape", ["input_ids"], "T")
     R1 = b.op("Shape", ["slot_of"], "R")
-    S1 = b.op("Sub", [T1, R1], "S")
+    s_len = b.op("Sub", [T1, R1], "S")
     B1 = b.op("Shape", ["branch_slots"], "B", start=0, end=1)
     L1 = b.op("Shape", ["branch_slots"], "L", start=1, end=2)
     P1 = b.op("Shape", ["past_kv"], "P", start=3, end=4)
-    PS1 = b.op("Add", [P1, S1], "PS")
-    PSL1 = b.op("Add", [PS1, L1], "PSL")
+    ps_len = b.op("Add", [P1, s_len], "PS")
+    psl_len = b.op("Add", [ps_len, L1], "PSL")
     zero1, one1 = b.const([0]), b.const([1])
     a1, am1 = b.const([ATTENTION_ALIGN]), b.const([ATTENTION_ALIGN - 1])
 
@@ -331,12 +331,12 @@ def fuse_attention(m: onnx.ModelProto, kv: dict, dtype: str = "float32") -> dict
 
     fval = lambda v: b.const(np.float32(v), np.float32)  # noqa: E731
     ninf, fzero = fval(neg), fval(0.0)
-    pq_pre, pk_pre = pad_to(S1), pad_to(PS1)
-    pq_br, pk_br = pad_to(L1), pad_to(PSL1)
+    pq_pre, pk_pre = pad_to(s_len), pad_to(ps_len)
+    pq_br, pk_br = pad_to(L1), pad_to(psl_len)
 
     # Prefix bias [1, 1, S, P+S]: row i sees keys c <= P + i.
-    i_col = b.op("Unsqueeze", [b.op("Range", [b.const(0), b.op("Squeeze", [S1, zero1]), b.const(1)]), one1])
-    c_row = b.op("Unsqueeze", [b.op("Range", [b.const(0), b.op("Squeeze", [PS1, zero1]), b.const(1)]), zero1])
+    i_col = b.op("Unsqueeze", [b.op("Range", [b.const(0), b.op("Squeeze", [s_len, zero1]), b.const(1)]), one1])
+    c_row = b.op("Unsqueeze", [b.op("Range", [b.const(0), b.op("Squeeze", [ps_len, zero1]), b.const(1)]), zero1])
     ok_pre = b.op("LessOrEqual", [b.op("Sub", [c_row, P1]), i_col])
     bias_pre = b.op("Where", [ok_pre, fzero, ninf], "bias_prefix")
     bias_pre = b.op("Pad", [bias_pre, pads(2, 1, pk_pre), ninf], mode="constant")
@@ -348,14 +348,14 @@ def fuse_attention(m: onnx.ModelProto, kv: dict, dtype: str = "float32") -> dict
     flat = b.op("Reshape", ["branch_slots", b.const([-1])], "flat")
     BL1 = b.op("Mul", [B1, L1])
     slot_ids = b.op("Range", [b.const(0), b.op("Squeeze", [BL1, zero1]), b.const(1)])
-    valid = b.op("Equal", [b.op("Gather", ["slot_of", b.op("Sub", [flat, S1])], axis=0), slot_ids])
+    valid = b.op("Equal", [b.op("Gather", ["slot_of", b.op("Sub", [flat, s_len])], axis=0), slot_ids])
     shape_b1l = b.op("Concat", [B1, one1, L1], axis=0)
     gq = b.op("Unsqueeze", ["branch_slots", b.const([2])])
     gk = b.op("Unsqueeze", ["branch_slots", one1])
     endk = b.op("Reshape", [b.op("Gather", ["subtree_end", flat], axis=0), shape_b1l])
     ok_br = b.op("And", [b.op("And", [b.op("LessOrEqual", [gk, gq]), b.op("LessOrEqual", [gq, endk])]),
                          b.op("Reshape", [valid, shape_b1l])])
-    every = b.op("ConstantOfShape", [b.op("Concat", [B1, L1, PS1], axis=0)],
+    every = b.op("ConstantOfShape", [b.op("Concat", [B1, L1, ps_len], axis=0)],
                  value=helper.make_tensor("v", TensorProto.BOOL, [1], [True]))
     bias_br = b.op("Where", [b.op("Concat", [every, ok_br], axis=2), fzero, ninf], "bias_branch")
     bias_br = b.op("Pad", [bias_br, pads(3, 2, pk_br), ninf], mode="constant")
@@ -379,7 +379,7 @@ def fuse_attention(m: onnx.ModelProto, kv: dict, dtype: str = "float32") -> dict
         rep_shape4 = b.const([1, rep, 1, 1])
         rep_shape5 = b.const([1, 1, rep, 1, 1])
         # prefix rows
-        qp = b.op("Slice", [q, zero1, S1, one1])
+        qp = b.op("Slice", [q, zero1, s_len, one1])
         qp = b.op("Reshape", [b.op("Transpose", [qp], perm=[1, 0, 2]), q_shape_pre])
         qp = b.op("Pad", [qp, pads(3, 1, pq_pre), fzero], mode="constant")
         kvp = []
@@ -389,7 +389,7 @@ def fuse_attention(m: onnx.ModelProto, kv: dict, dtype: str = "float32") -> dict
             kvp.append(to16(b.op("Reshape", [x, b.const([1, H, -1, D])])))              # [1, H, ., D]
         out_p = b.op("MultiHeadAttention", [to16(qp), kvp[0], kvp[1], "", "", bias_pre], "mha_prefix",
                      domain=MS_DOMAIN, num_heads=H, scale=lay["scale"])
-        out_p = b.op("Slice", [b.op("Reshape", [to32(out_p), b.const([-1, hd])]), zero1, S1, zero1])  # [S, H*D]
+        out_p = b.op("Slice", [b.op("Reshape", [to32(out_p), b.const([-1, hd])]), zero1, s_len, zero1])  # [S, H*D]
         # branch rows, in slot space
         qs = b.op("Gather", [q, flat], axis=1)                                          # [H, B*L, D]
         qs = b.op("Reshape", [b.op("Transpose", [qs], perm=[1, 0, 2]), q_shape_br])     # [B, L, H*D]
