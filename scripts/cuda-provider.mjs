@@ -181,15 +181,15 @@ export function linkProvider({ lib, ortDir = ortLibDir(), say }) {
 /**
  * Debian's libcuda1 (the NVIDIA driver's user-space library, from non-free), unpacked into the
  * cache and never installed: what lets a machine without a GPU take the CUDA chain as far as the
- * driver's own answer (the tests, the device check's dry run). Its mirror is the first one the
- * machine's apt already uses; the package lists go to a private folder. Returns the folder that
- * holds libcuda.so.1.
+ * driver's own answer (the tests, the device check's dry run). Its mirror is the one the machine's
+ * apt already uses (scripts/mesa-vulkan.sh --mirror); the package lists go to a private folder.
+ * Returns the folder that holds libcuda.so.1.
  */
 export function ensureDebianDriver({ say, env = process.env }) {
   const dir = path.join(cacheRoot(env), "cuda", "debian-libcuda1");
   const lib = path.join(dir, "usr", "lib", "x86_64-linux-gnu", "nvidia", "current");
   if (fs.existsSync(path.join(lib, "libcuda.so.1"))) return lib;
-  const uri = aptMirror();
+  const uri = spawnSync("bash", [path.join(ROOT, "scripts", "mesa-vulkan.sh"), "--mirror"], { encoding: "utf8" }).stdout?.trim();
   if (!uri) throw new Error("no Debian mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list to fetch libcuda1 from");
   const apt = fs.mkdtempSync(path.join(os.tmpdir(), "assay-apt-"));
   try {
@@ -207,6 +207,7 @@ export function ensureDebianDriver({ say, env = process.env }) {
     const [deb] = fs.readdirSync(apt).filter((f) => f.startsWith("libcuda1_") && f.endsWith(".deb"));
     const part = `${dir}.partial`;
     fs.rmSync(part, { recursive: true, force: true });
+    fs.mkdirSync(path.dirname(part), { recursive: true });
     const r = spawnSync("dpkg-deb", ["-x", path.join(apt, deb), part], { stdio: "inherit" });
     if (r.status !== 0) throw new Error(`dpkg-deb -x ${deb} exited with ${r.status}`);
     // The package ships the versioned file; the driver's installer makes the soname link.
@@ -219,25 +220,6 @@ export function ensureDebianDriver({ say, env = process.env }) {
     fs.rmSync(apt, { recursive: true, force: true });
   }
   return lib;
-}
-
-/** The first Debian mirror the machine's apt uses: deb822 sources first, then the one-line format. */
-function aptMirror() {
-  const d = "/etc/apt/sources.list.d";
-  for (const f of fs.existsSync(d) ? fs.readdirSync(d).filter((x) => x.endsWith(".sources")) : []) {
-    for (const line of fs.readFileSync(path.join(d, f), "utf8").split("\n")) {
-      const m = /^URIs:\s*(.+)$/.exec(line);
-      const uri = m?.[1].split(/\s+/).find((u) => !u.includes("security"));
-      if (uri) return uri;
-    }
-  }
-  const list = "/etc/apt/sources.list";
-  if (!fs.existsSync(list)) return undefined;
-  for (const line of fs.readFileSync(list, "utf8").split("\n")) {
-    const uri = line.trim().startsWith("deb ") ? line.split(/\s+/).find((u) => u.includes("://") && !u.includes("security")) : undefined;
-    if (uri) return uri;
-  }
-  return undefined;
 }
 
 /** What the bootstrap calls: the sets fetched, the provider linked. */

@@ -7,6 +7,8 @@
 #                                         what to run and exits 1. Run by .ci/run.
 #   bash scripts/mesa-vulkan.sh --check   only the exit status: 0 where it is there, 1 (and why) where not;
 #                                         installs nothing. For callers that only need to know.
+#   bash scripts/mesa-vulkan.sh --mirror  prints the Debian mirror the machine's apt uses (scripts/cuda-provider.mjs
+#                                         fetches Debian's libcuda1 from it); empty where there is none.
 # The backports source it adds takes its mirror from the machine's own apt configuration.
 set -euo pipefail
 
@@ -22,12 +24,6 @@ have() {
   grep 'libvulkan\.so\.1' <<<"$listing" >/dev/null
 }
 
-if have; then exit 0; fi
-if [[ ${1:-} == --check ]]; then
-  say "no Mesa >= 25 Vulkan driver (mesa-vulkan-drivers >= 25 and libvulkan.so.1); bash $0 installs it"
-  exit 1
-fi
-
 # The first Debian mirror the machine's apt already uses: deb822 sources first, then the one-line format.
 mirror() {
   local f
@@ -38,6 +34,16 @@ mirror() {
   [[ -f /etc/apt/sources.list ]] && awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /:\/\// && $i !~ /security/) { print $i; exit } }' /etc/apt/sources.list
   return 0
 }
+
+if [[ ${1:-} == --mirror ]]; then
+  mirror | sed -n 1p
+  exit 0
+fi
+if have; then exit 0; fi
+if [[ ${1:-} == --check ]]; then
+  say "no Mesa >= 25 Vulkan driver (mesa-vulkan-drivers >= 25 and libvulkan.so.1); bash $0 installs it"
+  exit 1
+fi
 
 codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
 if [[ $(id -u) -ne 0 || ! -x /usr/bin/apt-get || "$codename" != "bookworm" ]]; then
