@@ -114,7 +114,7 @@ export function ensureCudaLibraries({ sets, say, python = "python3", env = proce
       pip(python, ["download", "--no-deps", "--require-hashes", "--only-binary=:all:", ...(w.target ?? []), "-r", req, "-d", into, "--progress-bar", "off"]);
       const [wheel] = fs.readdirSync(into).filter((f) => f.endsWith(".whl"));
       if (!wheel) throw new Error(`pip downloaded no wheel of ${w.name}==${w.version}`);
-      unpack(path.join(into, wheel), w.files ?? /^nvidia\/[^/]+\/lib\/([^/]+\.so[.\d]*)$/, lib);
+      unpack(python, path.join(into, wheel), w.files ?? /^nvidia\/[^/]+\/lib\/([^/]+\.so[.\d]*)$/, lib);
       fs.rmSync(into, { recursive: true, force: true });
     }
     fs.writeFileSync(path.join(dir, ".assay-sets"), [...done, ...missing].join("\n") + "\n");
@@ -130,24 +130,32 @@ function pip(python, argv) {
   if (r.status !== 0) throw new Error(`${python} -m pip ${argv.join(" ")} exited with ${r.status ?? r.signal}`);
 }
 
-/** The members of a wheel (a zip) whose path matches `pattern`, each written to `into` under the name its first group gives. */
-function unpack(wheel, pattern, into) {
-  const list = spawnSync("unzip", ["-Z1", wheel], { encoding: "utf8", maxBuffer: 64 << 20 });
-  if (list.status !== 0) throw new Error(`unzip -Z1 ${wheel}: ${list.stderr}`);
-  const members = list.stdout.split("\n").filter((m) => pattern.test(m));
-  if (members.length === 0) throw new Error(`${path.basename(wheel)} holds no library matching ${pattern}`);
-  for (const m of members) {
-    const name = pattern.exec(m)[1];
-    const part = path.join(into, `.${name}.partial`);
-    const fd = fs.openSync(part, "w");
-    try {
-      const r = spawnSync("unzip", ["-p", wheel, m], { stdio: ["ignore", fd, "inherit"] });
-      if (r.status !== 0) throw new Error(`unzip -p ${wheel} ${m} exited with ${r.status}`);
-    } finally {
-      fs.closeSync(fd);
-    }
-    fs.renameSync(part, path.join(into, name));
-  }
+/**
+ * The members of a wheel (a zip) whose path matches `pattern`, each written to `into` under the name
+ * its first group gives, through a partial file. Python's zipfile: the Python the bootstrap needs
+ * anyway, where an `unzip` may not be installed.
+ */
+const UNPACK = `
+import os, re, shutil, sys, zipfile
+wheel, pattern, into = sys.argv[1], re.compile(sys.argv[2]), sys.argv[3]
+found = 0
+with zipfile.ZipFile(wheel) as z:
+    for m in z.namelist():
+        hit = pattern.search(m)
+        if not hit:
+            continue
+        part = os.path.join(into, "." + hit.group(1) + ".partial")
+        with z.open(m) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(part, os.path.join(into, hit.group(1)))
+        found += 1
+sys.exit(0 if found else 3)
+`;
+
+function unpack(python, wheel, pattern, into) {
+  const r = spawnSync(python, ["-c", UNPACK, wheel, pattern.source, into], { stdio: ["ignore", "inherit", "inherit"] });
+  if (r.status === 3) throw new Error(`${path.basename(wheel)} holds no library matching ${pattern}`);
+  if (r.status !== 0) throw new Error(`unpacking ${path.basename(wheel)} exited with ${r.status ?? r.signal}`);
 }
 
 /**
