@@ -112,6 +112,7 @@ export function readCudaFailure(stderr: string, driver?: string): string {
   return last ? `onnxruntime: ${last.replace(/^.*?\] /, "")}` : "the cause was not printed (no onnxruntime error on stderr)";
 }
 
+/** Beside this file in dist/: lanes run from the compiled worker (pool.ts, WORKER_FILE). */
 const PROBE = path.join(path.dirname(fileURLToPath(import.meta.url)), "cuda-probe.js");
 
 /**
@@ -119,9 +120,8 @@ const PROBE = path.join(path.dirname(fileURLToPath(import.meta.url)), "cuda-prob
  * stderr. Returns undefined where the child started CUDA after all (the lane's failure was its own).
  */
 export async function explainCudaFailure(deviceId: number, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
-  const probe = PROBE.endsWith(".js") && fs.existsSync(PROBE) ? PROBE : path.join(path.dirname(PROBE), "..", "..", "dist", "src", "inference", "cuda-probe.js");
   const { stdout, stderr, code } = await new Promise<{ stdout: string; stderr: string; code: number | null }>((resolve) => {
-    const child = spawn(process.execPath, [probe, String(deviceId)], { env, stdio: ["ignore", "pipe", "pipe"], timeout: 60_000 });
+    const child = spawn(process.execPath, [PROBE, String(deviceId)], { env, stdio: ["ignore", "pipe", "pipe"], timeout: 60_000 });
     let out = "";
     let err = "";
     child.stdout.on("data", (d: Buffer) => (out += d.toString()));
