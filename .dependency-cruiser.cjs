@@ -13,6 +13,9 @@ const only = (name, folder, allowed, comment) => ({
 });
 
 const ENGINE = "(prompt|tokenizer|inference|probability|models)/";
+/** The pool's parts (src/inference/README.md), and what only the pool may reach of the folder. */
+const ROOMS = "queue|admission|batch-forming|express|lanes";
+const inInference = (names) => `^src/inference/(${names})\\.ts$`;
 
 module.exports = {
   forbidden: [
@@ -74,15 +77,15 @@ module.exports = {
         "(so the first four never reach the workers), nor the pool that composes them: each gets what it needs of the others " +
         "through the host interface pool.ts hands it",
       severity: "error",
-      from: { path: "^src/inference/(queue|admission|batch-forming|express|lanes)\\.ts$" },
-      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|pool|test-hooks)\\.ts$" },
+      from: { path: inInference(ROOMS) },
+      to: { path: inInference(`${ROOMS}|pool|test-hooks`) },
     },
     {
       name: "inference-records-and-policy-below-the-rooms",
       comment: "the shared records (jobs.ts), the policies (work.ts, cost.ts, fair-queue.ts) and the worker side import none of the rooms",
       severity: "error",
-      from: { path: "^src/inference/", pathNot: "^src/inference/(queue|admission|batch-forming|express|lanes|pool)\\.ts$" },
-      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|pool|test-hooks)\\.ts$" },
+      from: { path: "^src/inference/", pathNot: inInference(`${ROOMS}|pool`) },
+      to: { path: inInference(`${ROOMS}|pool|test-hooks`) },
     },
     {
       name: "inference-test-hooks-via-the-pool",
@@ -96,7 +99,7 @@ module.exports = {
       comment: "outside src/inference only the pool and the pure modules (pack, cost, work, protocol) are imported, never a room or the records",
       severity: "error",
       from: { path: "^src/", pathNot: "^src/inference/" },
-      to: { path: "^src/inference/(queue|admission|batch-forming|express|lanes|jobs|fair-queue)\\.ts$" },
+      to: { path: inInference(`${ROOMS}|jobs|fair-queue`) },
     },
     {
       name: "engine-planner-never-runs",
