@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from export_onnx import INPUTS, OUTPUTS, PackedDecoder, packed_example, sess_run  # noqa: E402
+from decoder import INPUTS, OUTPUTS, PackedDecoder, describe, open_weights  # noqa: E402
+from export_onnx import packed_example, sess_run  # noqa: E402
 
 BATCH_INPUTS = ["input_ids", "position_ids", "gather_idx", "target_ids", "past_kv", "pre_rows", "pre_keys", "pre_bias",
                 "br_rows", "br_bias", "row_cols", "blk_cols", "pref_keep", "row_src"]
@@ -78,11 +79,8 @@ class BatchDecoder(nn.Module):
         Bm, Lm = br_rows.shape[1], br_rows.shape[2]
         H, KV, D = m.n_heads, m.n_kv, m.head_dim
         rep = H // KV
-        x = torch.nn.functional.embedding(input_ids, m.embed).float()
-        freqs = position_ids.float().unsqueeze(1) * m.inv_freq.unsqueeze(0)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().unsqueeze(0), emb.sin().unsqueeze(0)
-        scale = 1.0 / math.sqrt(D)
+        x = m.embed_tokens(input_ids)
+        tables = m.rope_tables(position_ids)
         neg = torch.full((H, N, Bm, Lm, 1), float("-inf"))
         rows = row_cols.unsqueeze(0).expand(H, N, Bm, Lm, Km + Lm)
         blk = blk_cols.unsqueeze(0).expand(H, N, Bm, Lm, Lm)
@@ -90,26 +88,28 @@ class BatchDecoder(nn.Module):
         pre_flat, br_flat = pre_keys.reshape(-1), br_rows.reshape(-1)
         present = []
 
+        # Sliding-window layers (decoder.py): the same biases, and keys further back than the window by position.
+        # A request's own keys are its past (positions 0, 1, ...) and then its prefix, whose positions continue
+        # the past's: own key j sits at position j (pad keys after them are hidden by pre_bias anyway).
+        windows = {}
+        for w in sorted({w for w in m.spec.windows if w is not None}):
+            kpos = torch.arange(Km, dtype=torch.int64).unsqueeze(0).expand(N, Km)
+            ppos = position_ids.index_select(0, pre_rows.reshape(-1)).view(N, Sm)
+            bpos = position_ids.index_select(0, br_flat).view(N, Bm, Lm)
+            own = m.window(bpos.view(N, Bm * Lm), kpos, w).view(N, Bm, Lm, Km)
+            windows[w] = (pre_bias + m.window(ppos, kpos, w), br_bias + torch.cat((own, m.window(bpos, bpos, w)), -1))
+
         def heads(t: torch.Tensor, *shape: int) -> torch.Tensor:  # [KV, n, D] -> [H, *shape, D], as model.onnx expands
             return t.view(KV, 1, -1, D).expand(KV, rep, t.shape[1], D).reshape(H, *shape, D)
 
         for li, layer in enumerate(m.layers):
-            h = m.rms(x, layer.ln1)
-            q = h @ layer.q_t
-            k = h @ layer.k_t
-            v = h @ layer.v_t
-            if layer.q_b is not None:
-                q = q + layer.q_b
-                k = k + layer.k_b
-                v = v + layer.v_b
-            q = q.view(T, H, D).transpose(0, 1)
-            k = k.view(T, KV, D).transpose(0, 1)
-            v = v.view(T, KV, D).transpose(0, 1)
-            q = (q * cos + m.rotate(q) * sin) * scale
-            k = k * cos + m.rotate(k) * sin
+            cos, sin = tables[m.spec.rope_of[li]]
+            q, k, v = m.project(layer, x, cos, sin, T)
             kpool = torch.cat((past_kv[0, li], k), 1)                                   # [KV, P+T, D]
             vpool = torch.cat((past_kv[1, li], v), 1)
             present.append(torch.stack((kpool, vpool)))
+            w = m.spec.windows[li]
+            pb, bb = windows[w] if w is not None else (pre_bias, br_bias)
 
             # each request's own keys [past | prefix] from 0, once: its prefix rows and its branch rows read them
             kk = heads(kpool.index_select(1, pre_flat), N, Km)                            # [H, N, Km, D]
@@ -117,7 +117,7 @@ class BatchDecoder(nn.Module):
 
             # prefix rows: causal within the request's own keys
             qp = q.index_select(1, pre_rows.reshape(-1)).view(H, N, Sm, D)
-            att = torch.softmax(qp @ kk.transpose(-1, -2) + pre_bias, dim=-1)
+            att = torch.softmax(m.cap(qp @ kk.transpose(-1, -2)) + pb, dim=-1)
             out_p = (att @ vv).view(H, N * Sm, D)
 
             # branch rows: [own keys | own block | pad], as model.onnx's cat(prefix scores, block scores);
@@ -125,25 +125,17 @@ class BatchDecoder(nn.Module):
             qb = q.index_select(1, br_flat).view(H, N, Bm * Lm, D)
             ks = heads(k.index_select(1, br_flat), N * Bm, Lm)                            # [H, N*Bm, Lm, D]
             vs = heads(v.index_select(1, br_flat), N * Bm, Lm)
-            s1 = (qb @ kk.transpose(-1, -2)).view(H, N, Bm, Lm, Km)
-            s2 = (qb.view(H, N * Bm, Lm, D) @ ks.transpose(-1, -2)).view(H, N, Bm, Lm, Lm)
-            scores = torch.cat((s1, s2), -1) + br_bias
+            s1 = m.cap(qb @ kk.transpose(-1, -2)).view(H, N, Bm, Lm, Km)
+            s2 = m.cap(qb.view(H, N * Bm, Lm, D) @ ks.transpose(-1, -2)).view(H, N, Bm, Lm, Lm)
+            scores = torch.cat((s1, s2), -1) + bb
             p = torch.softmax(torch.gather(torch.cat((scores, neg), -1), 4, rows), dim=-1)   # [H, N, Bm, Lm, Km+Lm]
             own = ((p[..., :Km] * keep).view(H, N, Bm * Lm, Km) @ vv).view(H, N * Bm, Lm, D)
             out_b = own + torch.gather(p, 4, blk).view(H, N * Bm, Lm, Lm) @ vs
             out = torch.cat((out_p, out_b.view(H, N * Bm * Lm, D)), 1).index_select(1, row_src)  # [H, T, D]
 
-            o = out.transpose(0, 1).reshape(T, H * D) @ layer.o_t
-            if layer.o_b is not None:
-                o = o + layer.o_b
-            x = x + o
-            h = m.rms(x, layer.ln2)
-            x = x + (torch.nn.functional.silu(h @ layer.gate_t) * (h @ layer.up_t)) @ layer.down_t
+            x = m.finish(layer, x, out.transpose(0, 1).reshape(T, H * D))
 
-        h = m.rms(x.index_select(0, gather_idx), m.final_norm)
-        logits = h @ m.lm_head_t
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        return torch.gather(logits, 1, target_ids) - lse, torch.stack(present, 1)
+        return m.read_out(x, gather_idx, target_ids), torch.stack(present, 1)
 
 
 def join(passes: list[tuple], past_lens: list[int]):
@@ -264,17 +256,14 @@ def probe(tok, vocab: int, manifest: dict, first_pass):
 def build_base(build: Path, gguf: Path, manifest: dict, tok, t0: float):
     """model.onnx's batch twin from the GGUF, checked in float32 against the packed decoder: the int8 graph
     (not yet written) and the probe batch, or None where the float32 check fails."""
-    from transformers import AutoModelForCausalLM
-
     log(f"reading weights from {gguf.name} ... ")
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    cfg = hf.config.to_dict()
-    sd = {k: v.detach() for k, v in hf.state_dict().items()}
-    del hf
-    model = PackedDecoder(cfg, sd).eval()
-    del sd
+    w = open_weights(gguf)
+    w.hf = None
+    spec = describe(w.conf)
+    model = PackedDecoder(spec, w).eval()
+    del w
     batch = BatchDecoder(model).eval()
-    vocab = int(cfg["vocab_size"])
+    vocab = spec.vocab
     with torch.no_grad():
         passes, feeds, rows, widths = probe(tok, vocab, manifest, lambda ex: model(*ex)[1].numpy())
         together, _ = batch(*[torch.from_numpy(f) for f in feeds])
@@ -371,7 +360,7 @@ def write_twins(build: Path, gguf: Path, manifest: dict, tok, graphs: list[str],
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True, type=Path, help="an exported build's folder (model.onnx, manifest.json)")
-    ap.add_argument("--gguf", required=True, type=Path)
+    ap.add_argument("--gguf", "--from", dest="gguf", required=True, type=Path, help="the build's weights: a GGUF file or a checkpoint folder")
     ap.add_argument("--graphs", nargs="+", metavar="FILE",
                     help="the graphs whose batch twins to write (the ones this machine serves; bootstrap passes "
                          "them); default: every graph of the build, less s8 x s8 where no CUDA can check it")

@@ -413,4 +413,7 @@ if (!args.has("--no-models")) {
     // --venv: the converter's venv linked in too where no build needed it (npm test: a test runs its self-check).
     if (args.has("--venv")) ensureVenv();
   });
+} else if (args.has("--venv")) {
+  // `assay build --from`: the converter's venv alone, for a site's own weights.
+  withLock(BUILD_CACHE, say, () => ensureVenv());
 }

@@ -26,7 +26,15 @@ export function cacheRoot(env = process.env) {
 }
 
 /** The scripts whose contents go into a build; every graph of a build is written by one of these or what they import. */
-export const BUILD_SCRIPTS = ["fetch_weights.py", "export_onnx.py", "w8a8.py", "int8_graphs.py", "batch_graph.py", "gpu_graph.py"];
+export const BUILD_SCRIPTS = [
+  "fetch_weights.py",
+  "decoder.py",
+  "export_onnx.py",
+  "w8a8.py",
+  "int8_graphs.py",
+  "batch_graph.py",
+  "gpu_graph.py",
+];
 
 /** JSON with keys sorted at every depth: the same recipe hashes the same whatever order its file lists keys in. */
 function canonical(value) {

@@ -34,176 +34,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
+from decoder import INPUTS, OUTPUTS, PackedDecoder, Unsupported, describe, open_weights, reference_model  # noqa: E402, F401
 from fetch_weights import sha256 as sha256_file  # noqa: E402
 
 
 def log(msg: str) -> None:
     print(f"[export] {msg}", flush=True)
-
-
-INPUTS = ["input_ids", "position_ids", "subtree_end", "gather_idx", "target_ids", "branch_slots", "slot_of", "past_kv"]
-OUTPUTS = ["logprobs", "present_kv"]
-
-
-class PackedDecoder(nn.Module):
-    """Llama/Qwen2-style decoder (RMSNorm, RoPE, GQA, SwiGLU) with a tree mask.
-
-    Linear layers are explicit matmuls against pre-transposed weights so the
-    exporter emits MatMul (quantizable to MatMulNBits), never Gemm.
-    """
-
-    def __init__(self, cfg: dict, sd: dict[str, torch.Tensor]):
-        super().__init__()
-        self.n_layers = cfg["num_hidden_layers"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg["num_key_value_heads"]
-        self.hidden = cfg["hidden_size"]
-        self.head_dim = cfg.get("head_dim") or self.hidden // self.n_heads
-        self.eps = float(cfg["rms_norm_eps"])
-        rope = cfg.get("rope_parameters") or {}
-        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
-        self.register_buffer("inv_freq", inv.float(), persistent=False)
-
-        # fp16 embedding table: the gather reads a few rows, halving 500+ MB of RAM.
-        self.embed = nn.Parameter(sd["model.embed_tokens.weight"].half(), requires_grad=False)
-        lm = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
-        self.lm_head_t = nn.Parameter(lm.t().contiguous(), requires_grad=False)
-        self.final_norm = nn.Parameter(sd["model.norm.weight"], requires_grad=False)
-
-        def p(t: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(t.contiguous(), requires_grad=False)
-
-        self.layers = nn.ModuleList()
-        for i in range(self.n_layers):
-            pre = f"model.layers.{i}."
-            m = nn.Module()
-            m.ln1 = p(sd[pre + "input_layernorm.weight"])
-            m.ln2 = p(sd[pre + "post_attention_layernorm.weight"])
-            for name in ("q", "k", "v", "o"):
-                w = sd[pre + f"self_attn.{name}_proj.weight"]
-                setattr(m, f"{name}_t", p(w.t()))
-                b = sd.get(pre + f"self_attn.{name}_proj.bias")
-                setattr(m, f"{name}_b", p(b) if b is not None else None)
-            m.gate_t = p(sd[pre + "mlp.gate_proj.weight"].t())
-            m.up_t = p(sd[pre + "mlp.up_proj.weight"].t())
-            m.down_t = p(sd[pre + "mlp.down_proj.weight"].t())
-            self.layers.append(m)
-
-    def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # Written out as onnxruntime's fused SimplifiedLayerNormalization computed it up
-        # to 1.29 (one float32 running sum of squares per row, then x / sqrt(mean + eps)
-        # * w), in operators no runtime fuses: 1.30's fused kernel sums in another order,
-        # and the W8A8 graph carries a norm's last-bit change into tenths of a
-        # log-probability. This reads bit for bit as the fused graph read on 1.23-1.29,
-        # on every runtime (docs/experiments/runtime-1.30.md). The running sum goes down
-        # the columns of the transposed squares: CumSum along a row costs 2-3x as much.
-        ss = torch.cumsum((x * x).t(), dim=0)[-1:].t()
-        return x / torch.sqrt(ss / self.hidden + self.eps) * w
-
-    @staticmethod
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    def forward(self, input_ids, position_ids, subtree_end, gather_idx, target_ids, branch_slots, slot_of, past_kv):
-        """Attention in two parts, so cost grows with the state, not with T^2.
-
-        `past_kv` [2, layers, kv_heads, P, head_dim] is the keys and values of
-        P prefix tokens computed by an earlier pass (P may be 0); the S new
-        prefix tokens continue it (their positions start at P) and every token
-        attends to it as to its own prefix. `present_kv` returns the keys and
-        values of all P + S prefix tokens, so a later pass can start from them.
-
-        The first S = T - R tokens are the shared prefix (causal). The last R
-        tokens form B branches; `branch_slots` [B, L] lists each branch's token
-        indices (padded: a pad slot repeats a real index and is recognised by
-        `slot_of[slots - S] != slot`), `slot_of` [R] gives each branch token's
-        slot b*L + l. A branch token attends to the whole prefix plus its own
-        branch's ancestors (`j <= i <= subtree_end[j]`), never to other
-        branches: prefix scores [H, B*L, S] plus branch scores [H, B, L, L]
-        instead of [H, T, T].
-        """
-        T = input_ids.shape[0]
-        R = slot_of.shape[0]
-        S = T - R
-        B, L = branch_slots.shape[0], branch_slots.shape[1]
-        H, KV, D = self.n_heads, self.n_kv, self.head_dim
-        x = torch.nn.functional.embedding(input_ids, self.embed).float()
-        neg = torch.tensor(float("-inf"))
-
-        P = past_kv.shape[3]
-        pidx = torch.arange(S, dtype=torch.int64)
-        prefix_bias = torch.cat((torch.zeros(S, P), torch.zeros(S, S).masked_fill(pidx.unsqueeze(0) > pidx.unsqueeze(1), neg)), 1)
-        present = []
-
-        flat = branch_slots.reshape(-1)                                   # [B*L]
-        slot_ids = torch.arange(B * L, dtype=torch.int64)
-        valid = slot_of.index_select(0, flat - S) == slot_ids             # [B*L]
-        g = branch_slots.unsqueeze(2)                                      # [B, L, 1] query token
-        gj = branch_slots.unsqueeze(1)                                     # [B, 1, L] key token
-        endj = subtree_end.index_select(0, flat).view(B, 1, L)
-        ok = (gj <= g) & (g <= endj) & valid.view(B, 1, L)
-        branch_bias = torch.zeros(B, L, L).masked_fill(~ok, neg)           # [B, L, L]
-
-        freqs = position_ids.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().unsqueeze(0), emb.sin().unsqueeze(0)  # [1, T, D]
-        scale = 1.0 / math.sqrt(D)
-        rep = H // KV
-
-        for li, m in enumerate(self.layers):
-            h = self.rms(x, m.ln1)
-            q = h @ m.q_t
-            k = h @ m.k_t
-            v = h @ m.v_t
-            if m.q_b is not None:
-                q = q + m.q_b
-                k = k + m.k_b
-                v = v + m.v_b
-            q = q.view(T, H, D).transpose(0, 1)
-            k = k.view(T, KV, D).transpose(0, 1)
-            v = v.view(T, KV, D).transpose(0, 1)
-            q = (q * cos + self.rotate(q) * sin) * scale
-            k = k * cos + self.rotate(k) * sin
-            kp = torch.cat((past_kv[0, li], k[:, :S]), 1)                   # [KV, P+S, D]
-            vp = torch.cat((past_kv[1, li], v[:, :S]), 1)
-            present.append(torch.stack((kp, vp)))
-            PS = kp.shape[1]
-            kp = kp.unsqueeze(1).expand(KV, rep, PS, D).reshape(H, PS, D)
-            vp = vp.unsqueeze(1).expand(KV, rep, PS, D).reshape(H, PS, D)
-            k = k.unsqueeze(1).expand(KV, rep, T, D).reshape(H, T, D)
-            v = v.unsqueeze(1).expand(KV, rep, T, D).reshape(H, T, D)
-
-            # prefix rows: causal over the prefix
-            att = torch.softmax(q[:, :S] @ kp.transpose(1, 2) + prefix_bias, dim=-1)
-            out_p = att @ vp                                               # [H, S, D]
-
-            # branch rows, in slot space [B*L]
-            qs = q.index_select(1, flat)                                   # [H, B*L, D]
-            ks = k.index_select(1, flat).view(H, B, L, D)
-            vs = v.index_select(1, flat).view(H, B, L, D)
-            s1 = qs @ kp.transpose(1, 2)                                   # [H, B*L, P+S]
-            s2 = (qs.view(H, B, L, D) @ ks.transpose(2, 3) + branch_bias).view(H, B * L, L)
-            p = torch.softmax(torch.cat((s1, s2), dim=-1), dim=-1)
-            out_s = p[:, :, :PS] @ vp + (p[:, :, PS:].reshape(H, B, L, L) @ vs).view(H, B * L, D)
-            out_r = out_s.index_select(1, slot_of)                         # [H, R, D]
-
-            o = torch.cat((out_p, out_r), dim=1).transpose(0, 1).reshape(T, H * D)
-            o = o @ m.o_t
-            if m.o_b is not None:
-                o = o + m.o_b
-            x = x + o
-            h = self.rms(x, m.ln2)
-            x = x + (torch.nn.functional.silu(h @ m.gate_t) * (h @ m.up_t)) @ m.down_t
-
-        h = self.rms(x.index_select(0, gather_idx), self.final_norm)
-        logits = h @ self.lm_head_t
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        return torch.gather(logits, 1, target_ids) - lse, torch.stack(present, 1)
 
 
 def branch_layout(S: int, blocks: list[tuple[int, int]]):
@@ -277,50 +115,75 @@ def sess_run(path: Path, names: list[str], ex, outputs=("logprobs",)):
     return got[0] if len(outputs) == 1 else got
 
 
+def gguf_metadata(path: Path) -> dict:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta = {}
+    for key in ("general.architecture", "general.name", "general.basename", "general.size_label",
+                "general.finetune", "general.file_type"):
+        if key in reader.fields:
+            meta[key] = reader.fields[key].contents()
+    return meta
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", required=True, type=Path)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", type=Path)
+    src.add_argument("--from", dest="checkpoint", type=Path, help="a Hugging Face checkpoint folder (or a GGUF file)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--source", default="{}", help="JSON describing where the weights came from")
     ap.add_argument("--weights", default="w8a8", choices=["w8a8", "int4"])
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--keep-fp32", action="store_true")
     ap.add_argument("--expect", default="{}", help="JSON of GGUF metadata fields that must match")
+    ap.add_argument("--reference-limit", type=float, default=2e9,
+                    help="check against transformers' own model where the model has at most this many parameters "
+                         "(a checkpoint's reference is a second float32 copy of the model); a GGUF's is always checked")
     args = ap.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     out: Path = args.out
-    import gguf
-
-    reader = gguf.GGUFReader(str(args.gguf))
+    source: Path = args.gguf or args.checkpoint
+    is_gguf = not source.is_dir()
     meta = {}
-    for key in ("general.architecture", "general.name", "general.basename", "general.size_label",
-                "general.finetune", "general.file_type"):
-        if key in reader.fields:
-            meta[key] = reader.fields[key].contents()
-    log(f"GGUF metadata: {meta}")
-    for key, want in json.loads(args.expect).items():
-        if meta.get(key) != want:
-            log(f"GGUF metadata {key} = {meta.get(key)!r}, expected {want!r}: refusing to convert")
-            return 4
-    del reader
+    if is_gguf:
+        meta = gguf_metadata(source)
+        log(f"GGUF metadata: {meta}")
+        for key, want in json.loads(args.expect).items():
+            if meta.get(key) != want:
+                log(f"GGUF metadata {key} = {meta.get(key)!r}, expected {want!r}: refusing to convert")
+                return 4
+    else:
+        from decoder import check_checkpoint
+
+        # Everything checked before any conversion work: the architecture, every shard, the tokenizer.
+        try:
+            check_checkpoint(source)
+        except (Unsupported, ValueError) as e:
+            log(str(e))
+            return 2
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    log(f"reading tokenizer from {args.gguf.name}")
-    tok = AutoTokenizer.from_pretrained(str(args.gguf.parent), gguf_file=args.gguf.name)
+    log(f"reading tokenizer from {source.name}")
+    tok = (AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name) if is_gguf
+           else AutoTokenizer.from_pretrained(str(source), local_files_only=True))
     tok.save_pretrained(str(out))
-    log(f"reading weights (dequantizing to float32) ... {time.time() - t0:.0f}s")
-    hf = AutoModelForCausalLM.from_pretrained(str(args.gguf.parent), gguf_file=args.gguf.name, dtype=torch.float32)
-    hf.eval()
-    cfg = hf.config.to_dict()
-    arch = cfg["model_type"]
-    if arch not in ("qwen2", "llama"):
-        log(f"architecture {arch} is not supported by the packed exporter")
+    log(f"reading weights ({'dequantizing ' if is_gguf else ''}to float32) ... {time.time() - t0:.0f}s")
+    w = open_weights(source)
+    try:
+        spec = describe(w.conf)
+    except Unsupported as e:
+        log(str(e))
         return 2
-    sd = {k: v.detach() for k, v in hf.state_dict().items()}
-    model = PackedDecoder(cfg, sd).eval()
-    vocab = int(cfg["vocab_size"])
+    arch = spec.model_type
+    model = PackedDecoder(spec, w).eval()
+    vocab = spec.vocab
+    hf = w.hf if is_gguf else (reference_model(w) if w.n_params <= args.reference_limit else None)
+    n_params = w.n_params
+    w = None
 
     # The packed graph must agree with the reference implementation: a branch
     # scored inside a packed sequence must equal the same tokens run alone.
@@ -328,17 +191,21 @@ def main() -> int:
         ex = example_inputs(49, 24, 3, vocab, no_past(model))
         ids, tgt = ex[0], ex[4]
         packed, present = model(*ex)
-        diff = 0.0
-        for b, (start, stop) in enumerate([(24, 32), (32, 40), (40, 49)]):
-            alone_ids = torch.cat([ids[:24], ids[start:stop]])
-            ref = torch.log_softmax(hf(alone_ids.unsqueeze(0)).logits[0, -1], -1)[tgt[b]]
-            diff = max(diff, (packed[b] - ref).abs().max().item())
-        log(f"packed vs reference (transformers) max |dlogprob| = {diff:.2e}")
-        # float32 noise over 24 layers is ~1e-3 on log-probs near -15; a
-        # layout bug shows up as differences of 0.1 and more.
-        if diff > 1e-2:
-            log("packed decoder disagrees with the reference model")
-            return 3
+        if hf is not None:
+            diff = 0.0
+            for b, (start, stop) in enumerate([(24, 32), (32, 40), (40, 49)]):
+                alone_ids = torch.cat([ids[:24], ids[start:stop]])
+                ref = torch.log_softmax(hf(alone_ids.unsqueeze(0)).logits[0, -1], -1)[tgt[b]]
+                diff = max(diff, (packed[b] - ref).abs().max().item())
+            log(f"packed vs reference (transformers) max |dlogprob| = {diff:.2e}")
+            # float32 noise over 24 layers is ~1e-3 on log-probs near -15; a
+            # layout bug shows up as differences of 0.1 and more.
+            if diff > 1e-2:
+                log("packed decoder disagrees with the reference model")
+                return 3
+        else:
+            log(f"no check against transformers' own model: {n_params / 1e9:.1f}B parameters is over "
+                f"--reference-limit (the decoder is checked per architecture on tiny models: scripts/check_decoder.py)")
         # The same request with its first 16 prefix tokens taken from an
         # earlier pass's present_kv must read the same.
         P = 16
@@ -389,8 +256,7 @@ def main() -> int:
     # The float32 weights live on in torch until here; a 1.5B model would
     # otherwise hold them twice over (torch + the ONNX protobuf) and run out
     # of memory on a 24 GB machine during the rewrite.
-    n_params = int(sum(v.numel() for v in sd.values()))
-    model = sd = packed = ex = None  # noqa: F841 (some are set only when the check runs)
+    model = packed = ex = None  # noqa: F841 (some are set only when the check runs)
     gc.collect()
     logging.disable(logging.INFO)
     m = onnx.load(str(fp32_path), load_external_data=True)
@@ -426,8 +292,7 @@ def main() -> int:
             "from 1887 to 1889.")
     branches = [" Question: Is the tower in Paris? Answer:", " Question: Who designed it? Answer:",
                 " Question: When was it built? Answer:"]
-    kv_shape = (2, int(cfg["num_hidden_layers"]), int(cfg["num_key_value_heads"]), 0,
-                int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]))
+    kv_shape = (2, spec.layers, spec.kv_heads, 0, spec.head_dim)
     empty = np.zeros(kv_shape, dtype=np.float32)
     state = tok(text, add_special_tokens=False)["input_ids"]
     questions = [tok(b, add_special_tokens=False)["input_ids"] for b in branches]
@@ -461,11 +326,11 @@ def main() -> int:
     manifest = {
         "format": "assay-packed-v4",
         "architecture": arch,
-        "name": str(meta.get("general.name") or args.gguf.stem),
+        "name": str(meta.get("general.name") or (source.stem if is_gguf else source.name)),
         "vocab_size": vocab,
-        "context_length": int(cfg.get("max_position_embeddings", 4096)),
-        "hidden_size": int(cfg["hidden_size"]),
-        "num_layers": int(cfg["num_hidden_layers"]),
+        "context_length": spec.context,
+        "hidden_size": spec.hidden,
+        "num_layers": spec.layers,
         # present_kv / past_kv: [2, layers, kv_heads, tokens, head_dim] float32.
         "kv": {"layers": kv_shape[1], "kv_heads": kv_shape[2], "head_dim": kv_shape[4]},
         "parameters": n_params,
@@ -473,10 +338,19 @@ def main() -> int:
         "chat_template": tok.chat_template if isinstance(tok.chat_template, str) else None,
         "special_tokens": special,
         "eos_token_id": tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None,
-        "source": {**json.loads(args.source), "gguf_metadata": meta},
+        "source": {**json.loads(args.source), **({"gguf_metadata": meta} if is_gguf else {"checkpoint": str(source.resolve())})},
         "build_hash": h.hexdigest()[:16],
         "calibration": None,
     }
+    # Attention that is not plain scaled dot-product over a tree mask (decoder.py): named, so that a graph
+    # writer that would rebuild attention from the mask alone (half_graph.py's fused node) keeps it instead.
+    own = {k: v for k, v in {
+        "sliding_window": next((w for w in spec.windows if w), None),
+        "sliding_layers": [i for i, w in enumerate(spec.windows) if w] or None,
+        "scale": spec.attn_scale if abs(spec.attn_scale - spec.head_dim ** -0.5) > 1e-12 else None,
+        "softcap": spec.attn_softcap, "final_softcap": spec.final_softcap}.items() if v is not None}
+    if own:
+        manifest["attention"] = own
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     log(f"wrote {out}/manifest.json (build {manifest['build_hash']}) in {time.time() - t0:.0f}s")
     return 0

@@ -38,7 +38,8 @@ import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from export_onnx import INPUTS, OUTPUTS, PackedDecoder, example_inputs, no_past, packed_example, sess_run  # noqa: E402
+from decoder import INPUTS, OUTPUTS, PackedDecoder, Spec, Weights, describe, open_weights  # noqa: E402
+from export_onnx import example_inputs, no_past, packed_example, sess_run  # noqa: E402
 from fetch_weights import sha256 as sha256_file  # noqa: E402
 
 # What this script writes: the engine refuses a GPU graph of another format, and bootstrap writes it again.
@@ -66,15 +67,14 @@ class GpuDecoder(PackedDecoder):
     Gather left on the host would copy every pass's rows over: float32 here.
     """
 
-    def __init__(self, cfg: dict, sd: dict[str, torch.Tensor]):
-        super().__init__(cfg, sd)
-        self.embed = torch.nn.Parameter(sd["model.embed_tokens.weight"].float(), requires_grad=False)
+    def __init__(self, spec: Spec, w: Weights):
+        super().__init__(spec, w, embed_dtype=torch.float32)
 
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
 
-def random_weights(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
+def random_weights(name: str) -> Weights:
     s = SHAPES[name]
     H, I, V, L = s["hidden_size"], s["intermediate_size"], s["vocab_size"], s["num_hidden_layers"]
     heads, kv = s["num_attention_heads"], s["num_key_value_heads"]
@@ -93,18 +93,11 @@ def random_weights(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
         sd[p + "mlp.gate_proj.weight"] = r(I, H)
         sd[p + "mlp.up_proj.weight"] = r(I, H)
         sd[p + "mlp.down_proj.weight"] = r(H, I)
-    cfg = dict(num_hidden_layers=L, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=H,
-               rms_norm_eps=1e-6, rope_theta=1000000.0, vocab_size=V)
-    return cfg, sd
+    from transformers import Qwen2Config
 
-
-def gguf_weights(gguf: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    cfg = hf.config.to_dict()
-    sd = {k: v.detach() for k, v in hf.state_dict().items()}
-    return cfg, sd
+    conf = Qwen2Config(num_hidden_layers=L, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=H, intermediate_size=I,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, vocab_size=V, tie_word_embeddings=True)
+    return Weights(conf=conf, get=sd.get, n_params=int(sum(t.numel() for t in sd.values())), source=f"random {name}")
 
 
 def export(holder: list[PackedDecoder], vocab: int, path: Path, w8a8: bool = False) -> None:
@@ -162,6 +155,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--gguf", type=Path, help="the build's weights (its recipe's GGUF)")
+    src.add_argument("--from", dest="checkpoint", type=Path, help="the build's weights: a checkpoint folder or a GGUF file")
     src.add_argument("--random", choices=sorted(SHAPES), help="random weights at this model's shapes, and their CPU graph")
     ap.add_argument("--build", type=Path, required=True, help="the build's folder (model.gpu.* written; its model.onnx compared)")
     args = ap.parse_args()
@@ -173,24 +167,25 @@ def main() -> int:
     logging.disable(logging.INFO)
     if args.random:
         log(f"random weights at {args.random}'s shapes")
-        cfg, sd = random_weights(args.random)
+        w = random_weights(args.random)
         build_hash = None
     else:
         build_hash = json.loads((out / "manifest.json").read_text())["build_hash"]
-        log(f"reading weights from {args.gguf.name} (dequantizing to float32) ...")
-        cfg, sd = gguf_weights(args.gguf)
-    vocab = int(cfg["vocab_size"])
+        source = args.gguf or args.checkpoint
+        log(f"reading weights from {source.name} (to float32) ...")
+        w = open_weights(source)
+        w.hf = None  # only the tensors are read: transformers' model goes with the last reference to it
+    spec = describe(w.conf)
+    vocab = spec.vocab
     if args.random:
         log(f"exporting their CPU graph (W8A8, model.onnx) ... {time.time() - t0:.0f}s")
-        export([PackedDecoder(cfg, sd).eval()], vocab, out / "model.onnx", w8a8=True)
-    heads = int(cfg["num_attention_heads"])
-    kv = {"layers": int(cfg["num_hidden_layers"]), "kv_heads": int(cfg["num_key_value_heads"]),
-          "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)}
+        export([PackedDecoder(spec, w).eval()], vocab, out / "model.onnx", w8a8=True)
+    kv = {"layers": spec.layers, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim}
     log(f"exporting {path} ... {time.time() - t0:.0f}s")
     # Built in the call, so that export() holds its only reference and frees it before it re-reads the
     # graph: the 1.5B's float32 weights would otherwise be in memory twice over (torch, then onnx).
-    holder = [GpuDecoder(cfg, sd).eval()]
-    del sd
+    holder = [GpuDecoder(spec, w).eval()]
+    del w
     export(holder, vocab, path)
 
     try:

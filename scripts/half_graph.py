@@ -511,9 +511,11 @@ def main() -> int:
     ap.add_argument("--build", type=Path, help="the build's folder: reads model.gpu.onnx, writes model.gpu16.*")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
     ap.add_argument("--fp32-products", default="", help="comma-separated weight names whose products stay float32")
-    ap.add_argument("--attention", choices=["fused", "plain"], default="fused",
+    ap.add_argument("--attention", choices=["fused", "plain"], default=None,
                     help="fused: each layer's attention as com.microsoft MultiHeadAttention (see fuse_attention); "
-                         "plain: model.gpu.onnx's MatMul / Softmax ops")
+                         "plain: model.gpu.onnx's MatMul / Softmax ops. Default: fused, except for a build whose "
+                         "manifest names attention of its own (sliding windows, soft caps, another scale), which "
+                         "the fused node's tree mask and 1/sqrt(D) would drop: plain")
     ap.add_argument("--attention-dtype", choices=["float32", "float16"], default="float32",
                     help="with --attention fused: the MultiHeadAttention nodes' inputs and arithmetic")
     ap.add_argument("--out", type=Path, help="write the graph here instead of BUILD/model.gpu16.onnx "
@@ -550,6 +552,10 @@ def main() -> int:
     if source.get("build_hash") != manifest["build_hash"]:
         log(f"{build}/model.gpu.json is of build {source.get('build_hash')}, not {manifest['build_hash']}: write it again first")
         return 2
+    if args.attention is None:
+        args.attention = "plain" if manifest.get("attention") else "fused"
+        if manifest.get("attention"):
+            log(f"attention of its own ({manifest['attention']}): kept as model.gpu.onnx computes it")
     path = args.out or build / HALF_GRAPH
     path.parent.mkdir(parents=True, exist_ok=True)
     log(f"reading {build / SOURCE_GRAPH} ...")

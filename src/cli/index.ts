@@ -10,6 +10,7 @@ import { registerCalibrateCommand } from "./calibrate.js";
 import { registerBatchCommand } from "./batch.js";
 import { registerCreditCommands } from "./credit.js";
 import { registerStudyCommand } from "./study.js";
+import { registerBuildCommand } from "./build.js";
 
 export type { CliIO } from "./keys.js";
 
@@ -30,6 +31,7 @@ export function buildCli(io: CliIO = defaultIO()): Command {
   registerCalibrateCommand(program, io);
   registerBatchCommand(program, io);
   registerStudyCommand(program, io);
+  registerBuildCommand(program, io);
   return program;
 }
 
