@@ -21,9 +21,16 @@ export interface LoadedBuild {
 export function loadBuild(dir: string, opts: ReadBuildOptions = {}): LoadedBuild {
   const build = readBuild(dir, opts);
   const tokenizer = new TextTokenizer(build);
-  const style = styleFromTemplate(build.manifest.chat_template, build.manifest.calibration?.demonstrations === true);
+  const style = styleFromTemplate(build.manifest.chat_template, build.manifest.calibration?.demonstrations === true, {
+    special: build.manifest.special_tokens,
+    bos: tokenizer.bos,
+  });
+  // A rendered template ends a turn with its own token (`<|eot_id|>`,
+  // `<end_of_turn>`), not the eos: the first added token of its close, the
+  // token read after a label to tell it from a longer one.
+  const turnEnd = style.kind === "template" ? tokenizer.firstAddedId(style.chat.close) : undefined;
   const endToken = style.kind === "chatml" ? style.end : build.manifest.special_tokens.eos;
-  const terminator = (endToken ? tokenizer.specialId(endToken) : undefined) ?? build.manifest.eos_token_id;
+  const terminator = turnEnd ?? (endToken ? tokenizer.specialId(endToken) : undefined) ?? build.manifest.eos_token_id;
   if (terminator === undefined || terminator === null) throw new Error(`${dir}: no end-of-turn token`);
   return { build, tokenizer, style, terminator, labelCache: new Map(), preamble: preambleIds(tokenizer, style) };
 }

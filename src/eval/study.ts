@@ -14,7 +14,7 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { closeTurn, isStatement as isNoulStatement, label, renderState, type PromptStyle } from "../prompt/index.js";
+import { closeTurn, isStatement as isNoulStatement, label, openTurn, renderState, type PromptStyle } from "../prompt/index.js";
 import { labelIds, type Engine, type EncodedQuestion, type LoadedBuild } from "../engine/index.js";
 import type { Dataset, EvalItem } from "./datasets.js";
 
@@ -25,8 +25,7 @@ const FACTCHECK_SYSTEM =
   "Answer with exactly yes or no.";
 
 function factcheckPrefix(style: PromptStyle, document: string): string {
-  if (style.kind === "chatml") return `<|im_start|>system\n${FACTCHECK_SYSTEM}${style.end}\n<|im_start|>user\nDocument:\n${document}\n\n`;
-  return `${FACTCHECK_SYSTEM}\n\nDocument:\n${document}\n\n`;
+  return openTurn(style, FACTCHECK_SYSTEM, `Document:\n${document}\n\n`);
 }
 
 /** How datasets.ts words a fact check row's claim as a general noul question. */
@@ -77,8 +76,7 @@ const YES_NO = { labels: ["yes", "Yes", "no", "No"], option: [0, 0, 1, 1] };
 export const NEUTRAL_STATES = ["N/A", ""];
 
 function prefixText(style: PromptStyle, body: string): string {
-  if (style.kind === "chatml") return `<|im_start|>system\n${SYSTEM}${style.end}\n<|im_start|>user\n${body}`;
-  return `${SYSTEM}\n\n${body}`;
+  return openTurn(style, SYSTEM, body);
 }
 
 const stateBlock = (state: string) => `State:\n${state}\n\n`;

@@ -1,4 +1,4 @@
-import { buildQuestion, closeTurn, label, prefixHead, type PromptStyle } from "./index.js";
+import { buildQuestion, closeTurn, label, openTurn, prefixHead, type PromptStyle } from "./index.js";
 import type { Question } from "../validate/schema.js";
 
 /**
@@ -11,11 +11,6 @@ export const YES_NO = { labels: ["yes", "Yes", "no", "No"], option: [0, 0, 1, 1]
 
 export function yesNoLabels(style: PromptStyle): string[] {
   return YES_NO.labels.map((l) => label(style, l));
-}
-
-function open(style: PromptStyle, system: string, body: string): string {
-  if (style.kind === "chatml") return `<|im_start|>system\n${system}${style.end}\n<|im_start|>user\n${body}`;
-  return `${system}\n\n${body}`;
 }
 
 // ---- fact check -------------------------------------------------------------
@@ -80,7 +75,7 @@ const CODESEARCH_SYSTEM = "You are an expert software engineer triaging a bug re
 
 /** The query as the shared prefix: encoded once, every item branches from it. */
 export function codesearchPrefix(style: PromptStyle, query: string): string {
-  return open(style, CODESEARCH_SYSTEM, `Bug report:\n${query}\n\n`);
+  return openTurn(style, CODESEARCH_SYSTEM, `Bug report:\n${query}\n\n`);
 }
 
 function describeItem(item: CodeItem): string {

@@ -1,5 +1,6 @@
 import type { Question, State } from "../validate/schema.js";
 import { DEMONSTRATIONS } from "./demonstrations.js";
+import { ChatTemplate } from "./template.js";
 
 /**
  * Prompt layer: state + typed questions → text. Pure functions.
@@ -13,16 +14,65 @@ import { DEMONSTRATIONS } from "./demonstrations.js";
 export type PromptStyle = (
   /** ChatML (`<|im_start|>role\n…<|im_end|>`), e.g. Qwen2 instruct models. */
   | { kind: "chatml"; end: string }
+  /** Any other chat template, rendered by the build's own Jinja (template.ts). */
+  | { kind: "template"; chat: ChatTemplate }
   /** A base model without a chat template: plain completion text. */
   | { kind: "completion" }
 ) & {
   /** Worked examples before the state (demonstrations.ts), where the build's readout was fitted with them. */
   demonstrations?: boolean;
+  /**
+   * The beginning-of-sequence token's text, written first: the tokenizer
+   * adds it by default (transformers' ids start with it) and the template
+   * does not write it.
+   */
+  bos?: string;
 };
 
-export function styleFromTemplate(chatTemplate: string | null, demonstrations = false): PromptStyle {
-  const base: PromptStyle = chatTemplate && chatTemplate.includes("<|im_start|>") ? { kind: "chatml", end: "<|im_end|>" } : { kind: "completion" };
-  return demonstrations ? { ...base, demonstrations: true } : base;
+/** What a style is chosen with besides the template: the build's tokens. */
+export interface TemplateTokens {
+  /** The manifest's special_tokens (bos, eos, pad), as the template reads them. */
+  special?: Record<string, string>;
+  /** The beginning-of-sequence token the tokenizer adds by default (TextTokenizer `bos`), if any. */
+  bos?: string | undefined;
+}
+
+const CHATML_END = "<|im_end|>";
+const chatmlOpen = (system: string) => `<|im_start|>system\n${system}${CHATML_END}\n<|im_start|>user\n`;
+const CHATML_CLOSE = `${CHATML_END}\n<|im_start|>assistant\n`;
+
+/**
+ * The template is rendered with the general system text and a second one, so
+ * that its close is known not to depend on the system text and a ChatML
+ * rendering is ChatML for any system text.
+ */
+const PROBE_SYSTEM = "You answer questions.";
+
+/**
+ * The prompt style of a build. A template that renders exactly ChatML keeps
+ * the `chatml` kind: the shipped Qwen builds' prompts (and the calibrations
+ * fitted on them) stay byte for byte what they were before templates were
+ * rendered, worked examples included. Any other template that renders a user
+ * turn is the `template` kind (no worked examples). A template that does not
+ * render keeps the rule from before: ChatML where it writes `<|im_start|>`.
+ */
+export function styleFromTemplate(chatTemplate: string | null, demonstrations = false, tokens: TemplateTokens = {}): PromptStyle {
+  const base = baseStyle(chatTemplate, tokens.special ?? {});
+  const withExamples: PromptStyle = demonstrations && base.kind !== "template" ? { ...base, demonstrations: true } : base;
+  const bos = tokens.bos;
+  if (bos === undefined || bos.length === 0 || preamble(withExamples).startsWith(bos)) return withExamples;
+  return { ...withExamples, bos };
+}
+
+function baseStyle(chatTemplate: string | null, special: Record<string, string>): PromptStyle {
+  if (!chatTemplate) return { kind: "completion" };
+  const chat = ChatTemplate.compile(chatTemplate, special, [SYSTEM, PROBE_SYSTEM]);
+  if (!chat) return chatTemplate.includes("<|im_start|>") ? { kind: "chatml", end: CHATML_END } : { kind: "completion" };
+  const isChatml = [SYSTEM, PROBE_SYSTEM].every((s) => {
+    const p = chat.pieces(s);
+    return p.open === chatmlOpen(s) && p.close === CHATML_CLOSE;
+  });
+  return isChatml ? { kind: "chatml", end: CHATML_END } : { kind: "template", chat };
 }
 
 export interface QuestionPrompt {
@@ -76,9 +126,11 @@ export function renderState(state: State): string {
  * so the engine computes its keys and values once (Engine, the preamble).
  */
 export function preamble(style: PromptStyle): string {
+  const bos = style.bos ?? "";
+  if (style.kind === "template") return `${bos}${style.chat.pieces(SYSTEM).open}`;
   const turns = style.demonstrations ? DEMONSTRATIONS.map((d) => demonstrationTurn(style, d.state, d.question, d.answer)).join("") : "";
-  if (style.kind === "chatml") return `<|im_start|>system\n${SYSTEM}${style.end}\n${turns}`;
-  return `${SYSTEM}\n\n${turns}`;
+  if (style.kind === "chatml") return `${bos}<|im_start|>system\n${SYSTEM}${style.end}\n${turns}`;
+  return `${bos}${SYSTEM}\n\n${turns}`;
 }
 
 /** The general prefix up to the state's text: the preamble and the opening of the user's turn. */
@@ -88,6 +140,18 @@ export function prefixHead(style: PromptStyle): string {
 
 export function buildPrefix(style: PromptStyle, state: State): string {
   return `${prefixHead(style)}${renderState(state)}\n\n`;
+}
+
+/**
+ * A prompt under another system text than the general one (fact check, code
+ * search, the readout study): the system turn and the user's turn opened on
+ * `body`. No worked examples: they belong to the general prompt.
+ */
+export function openTurn(style: PromptStyle, system: string, body: string): string {
+  const bos = style.bos ?? "";
+  if (style.kind === "chatml") return `${bos}<|im_start|>system\n${system}${style.end}\n<|im_start|>user\n${body}`;
+  if (style.kind === "template") return `${bos}${style.chat.pieces(system).open}${body}`;
+  return `${bos}${system}\n\n${body}`;
 }
 
 /** One worked example as a finished exchange: the question asked as buildQuestion asks it, and its answer label. */
@@ -100,12 +164,13 @@ function demonstrationTurn(style: PromptStyle, state: State, q: Question, answer
 
 export function closeTurn(style: PromptStyle, text: string): string {
   if (style.kind === "chatml") return `${text}${style.end}\n<|im_start|>assistant\n`;
+  if (style.kind === "template") return `${text}${style.chat.close}`;
   return `${text}\nAnswer:`;
 }
 
 /**
  * Labels that a completion-style prompt reads after "Answer:" carry a leading
- * space; a chat turn starts the answer right after the newline.
+ * space; a chat turn starts the answer right after the generation prompt.
  */
 export function label(style: PromptStyle, text: string): string {
   return style.kind === "completion" ? ` ${text}` : text;
