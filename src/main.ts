@@ -29,7 +29,7 @@ function listingBeforeReady(modelsConfig: string, modelsDir: string): () => Mode
     const registry = ModelRegistry.load(modelsConfig, modelsDir);
     names = registry.names().map((id) => {
       const r = registry.resolve(id);
-      return { id, family: r.family, alias_of: r.aliasOf, deprecated: r.deprecated, build: null, ready: false };
+      return { id, family: r.family, alias_of: r.aliasOf, deprecated: r.deprecated, build: null, calibrated: null, ready: false };
     });
   } catch {
     // The engine reports a broken registry with its reason a moment later.

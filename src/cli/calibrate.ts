@@ -237,7 +237,10 @@ export async function calibrateCommand(opts: CalibrateCliOptions, io: CliIO): Pr
       const saved: ReadoutsFile = { build_hash: manifest.build_hash, header, items };
       fs.writeFileSync(opts.readouts, JSON.stringify(saved));
     }
-    return finish(opts, io, items, header);
+    // A site's own build (no recipe: `assay build --from`) keeps its fit beside its manifest, where the loader
+    // reads it (models/manifest.ts, findCalibration); the shipped builds' fits live in models/calibration/.
+    const site = pipeline.registry.file.builds[resolved.build]?.recipe === undefined;
+    return finish(site && !opts.out ? { ...opts, out: path.join(lb.build.dir, "calibration.json") } : opts, io, items, header);
   } finally {
     await pipeline.close();
   }

@@ -82,7 +82,13 @@ function build(): object {
     path: "/v1/models",
     summary: "Model names, families, aliases, deprecation",
     security: [{ bearerAuth: [] }],
-    responses: { 200: { description: "`data` (list of models) and `models` (name, description, release_date)." } },
+    responses: {
+      200: {
+        description:
+          "`data` (list of models) and `models` (name, description, release_date). Each entry's `calibrated` says whether its build " +
+          "answers through fitted calibration maps (true), raw readings (false: a new build until `assay calibrate` fits it), or is not read yet (null).",
+      },
+    },
   });
   registry.registerPath({
     method: "get",

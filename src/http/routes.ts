@@ -222,6 +222,7 @@ export function registerRoutes(app: FastifyInstance, deps: RouteDeps): void {
         family: m.family,
         alias_of: m.alias_of,
         deprecated: m.deprecated,
+        calibrated: m.calibrated,
         ready: m.ready,
       })),
     };

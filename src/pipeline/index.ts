@@ -132,6 +132,7 @@ export class EnginePipeline implements Pipeline {
         alias_of: r.aliasOf,
         deprecated: r.deprecated,
         build: this.builds.get(r.build)?.build.manifest.build_hash ?? null,
+        calibrated: this.builds.has(r.build) ? this.builds.get(r.build)!.build.manifest.calibration !== null : null,
         ready: this.warm && this.lifecycle.state(r.build) === "loaded",
       };
     });

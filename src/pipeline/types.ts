@@ -44,6 +44,11 @@ export interface ModelListing {
   deprecated: boolean;
   /** Model build (manifest build hash) it resolves to here. */
   build: string | null;
+  /**
+   * Whether the build answers through fitted calibration maps (a shipped fit, or `assay calibrate`'s beside
+   * it) or raw readings (a site's new build until it is fitted); null before the build is read.
+   */
+  calibrated: boolean | null;
   ready: boolean;
 }
 

@@ -23,7 +23,7 @@ class ShippedNamesPipeline extends FakePipelineForHttpErrorPaths {
   override listModels(): ModelListing[] {
     return registry.names().map((id) => {
       const r = registry.resolve(id);
-      return { id, family: r.family, alias_of: r.aliasOf, deprecated: r.deprecated, build: null, ready: true };
+      return { id, family: r.family, alias_of: r.aliasOf, deprecated: r.deprecated, build: null, calibrated: null, ready: true };
     });
   }
 

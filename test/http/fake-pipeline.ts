@@ -36,8 +36,8 @@ export class FakePipelineForHttpErrorPaths implements Pipeline {
 
   listModels(): ModelListing[] {
     return [
-      { id: "judge-latest", family: "general", alias_of: "judge-v4-max", deprecated: false, build: null, ready: this.isReady },
-      { id: "judge-v4-max", family: "general", alias_of: null, deprecated: false, build: null, ready: this.isReady },
+      { id: "judge-latest", family: "general", alias_of: "judge-v4-max", deprecated: false, build: null, calibrated: null, ready: this.isReady },
+      { id: "judge-v4-max", family: "general", alias_of: null, deprecated: false, build: null, calibrated: null, ready: this.isReady },
     ];
   }
 
