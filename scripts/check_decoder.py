@@ -66,7 +66,7 @@ def reference(hf, prefix: list[int], branches: list[list[int]], targets: torch.T
     return torch.stack(rows)
 
 
-def check(arch: str, work: Path, gguf: Path | None = None, tolerance: float = TOLERANCE) -> dict:
+def check(arch: str, work: Path, gguf: Path | None = None, tolerance: float = TOLERANCE, half_tolerance: float = HALF_TOLERANCE) -> dict:
     """`arch`'s tiny random model, or with `gguf` that file's real weights (transformers' reference from the same file)."""
     t0 = time.time()
     if gguf is None:
@@ -147,7 +147,7 @@ def check(arch: str, work: Path, gguf: Path | None = None, tolerance: float = TO
         out["batch"] = max(float((together[r][:, :wd] - a).abs().max()) for a, r, wd in zip(alone, rows, widths))
     out["windows"] = [w_ for w_ in spec.windows]
     out["seconds"] = round(time.time() - t0, 1)
-    out["ok"] = all(out[k] <= tolerance for k in ("packed", "continued", "onnx", "batch")) and out["half"] <= HALF_TOLERANCE
+    out["ok"] = all(out[k] <= tolerance for k in ("packed", "continued", "onnx", "batch")) and out["half"] <= half_tolerance
     if gguf is not None:
         out["gguf"], out["layers"], out["parameters"] = gguf.name, spec.layers, w.n_params
     return out
@@ -158,12 +158,13 @@ def main() -> int:
     ap.add_argument("--arch", nargs="*", default=sorted(tiny_models.configs()))
     ap.add_argument("--gguf", nargs="*", type=Path, default=[], help="real weights to check instead of the tiny models")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    ap.add_argument("--half-tolerance", type=float, default=HALF_TOLERANCE)
     args = ap.parse_args()
     torch.set_num_threads(1 if not args.gguf else torch.get_num_threads())
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for arch, gguf in ([(None, g) for g in args.gguf] if args.gguf else [(a, None) for a in args.arch]):
-            r = check(arch, Path(tmp), gguf, args.tolerance)
+            r = check(arch, Path(tmp), gguf, args.tolerance, args.half_tolerance)
             ok = ok and r["ok"]
             print(json.dumps(r), flush=True)
     return 0 if ok else 1
