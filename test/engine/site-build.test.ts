@@ -162,6 +162,39 @@ describe("real small models against transformers", () => {
   }
 });
 
+describe("assay build --from refuses a folder that cannot be built, before any conversion work", () => {
+  /** The tiny Qwen3 checkpoint of the test above, copied into `name` and changed by `edit`. */
+  function brokenCopy(name: string, edit: (folder: string) => void): string {
+    const folder = path.join(dir, name);
+    fs.cpSync(path.join(dir, "ckpt-qwen3"), folder, { recursive: true });
+    edit(folder);
+    return folder;
+  }
+
+  it("a shard its index names is missing", async () => {
+    const folder = brokenCopy("missing-shard", (f) => {
+      fs.renameSync(path.join(f, "model.safetensors"), path.join(f, "model-00001-of-00002.safetensors"));
+      const map = { "model.embed_tokens.weight": "model-00001-of-00002.safetensors", "model.norm.weight": "model-00002-of-00002.safetensors" };
+      fs.writeFileSync(path.join(f, "model.safetensors.index.json"), JSON.stringify({ metadata: {}, weight_map: map }));
+    });
+    const r = await cli(["build", "--from", folder, "--name", "broken", "--out", path.join(dir, "broken-a")]);
+    expect(r.code).not.toBe(0);
+    expect(r.err).toContain("shards named by model.safetensors.index.json are missing: model-00002-of-00002.safetensors");
+    expect(fs.existsSync(path.join(dir, "broken-a"))).toBe(false);
+  }, 300_000);
+
+  it("a tokenizer with more ids than the model's vocabulary", async () => {
+    const folder = brokenCopy("big-tokenizer", (f) => {
+      const config = JSON.parse(fs.readFileSync(path.join(f, "config.json"), "utf8")) as Record<string, unknown>;
+      fs.writeFileSync(path.join(f, "config.json"), JSON.stringify({ ...config, vocab_size: 100 }));
+    });
+    const r = await cli(["build", "--from", folder, "--name", "broken", "--out", path.join(dir, "broken-b")]);
+    expect(r.code).not.toBe(0);
+    expect(r.err).toMatch(/the tokenizer has \d+ token ids but the model's vocabulary has 100: they do not belong together/);
+    expect(fs.existsSync(path.join(dir, "broken-b"))).toBe(false);
+  }, 300_000);
+});
+
 describe("the 0.5B through the checkpoint path", () => {
   it("reads back, from its GGUF written out as a float32 safetensors checkpoint, the very tensors and token ids the GGUF build is made of", () => {
     expect(fs.existsSync(GGUF), `${GGUF}: the bootstrap's weights`).toBe(true);
