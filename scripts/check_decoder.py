@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_models  # noqa: E402
+from export_onnx import packed_example  # noqa: E402
 from decoder import INPUTS, OUTPUTS, PackedDecoder, describe, open_checkpoint, open_gguf  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -39,22 +40,9 @@ HALF_TOLERANCE = 1e-2
 
 
 def packed(prefix: list[int], branches: list[list[int]], targets: torch.Tensor, past: torch.Tensor):
-    """The packed layout the engine sends: a prefix continuing `past`, then one chain per branch."""
-    from export_onnx import branch_layout
-
-    P = past.shape[3]
-    ids, pos, end, gather, blocks = list(prefix), list(range(P, P + len(prefix))), [-1] * len(prefix), [], []
-    for b in branches:
-        start = len(ids)
-        ids += b
-        pos += range(P + len(prefix), P + len(prefix) + len(b))
-        end += [start + len(b) - 1] * len(b)
-        gather.append(start + len(b) - 1)
-        blocks.append((start, len(b)))
-    end = [len(ids) - 1 if e < 0 else e for e in end]
-    slots, slot_of = branch_layout(len(prefix), blocks)
-    t = lambda a: torch.tensor(a, dtype=torch.int64)  # noqa: E731
-    return (t(ids), t(pos), t(end), t(gather), targets, slots, slot_of, past)
+    """export_onnx.py's packed layout (packed_example), reading `targets` and continuing the tensor `past`."""
+    ex = packed_example(prefix, branches, 1, past.numpy())
+    return (*ex[:4], targets, ex[5], ex[6], past)
 
 
 def reference(hf, prefix: list[int], branches: list[list[int]], targets: torch.Tensor) -> torch.Tensor:
