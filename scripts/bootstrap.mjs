@@ -9,9 +9,10 @@
 // are links into it.
 //
 // Node built-ins only: this runs before node_modules exists.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import crypto from "node:crypto";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { ensureCudaProvider } from "./cuda-provider.mjs";
@@ -32,6 +33,24 @@ function run(cmd, argv, opts = {}) {
     say(`failed: ${cmd} ${argv.join(" ")} (exit ${r.status ?? r.signal})`);
     process.exit(r.status || 1);
   }
+}
+
+/** `run`, as a promise: for the steps bootstrap runs side by side (a build's batch and GPU graphs). */
+const running = new Set();
+
+function runAsync(cmd, argv, opts = {}) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, argv, { stdio: "inherit", cwd: ROOT, ...opts });
+    running.add(child);
+    child.once("close", (status, signal) => {
+      running.delete(child);
+      if (status === 0) return resolve();
+      say(`failed: ${cmd} ${argv.join(" ")} (exit ${status ?? signal})`);
+      // The step beside it would write on into a build this bootstrap gives up on.
+      for (const other of running) other.kill("SIGTERM");
+      process.exit(status || 1);
+    });
+  });
 }
 
 const hashOf = (...files) => {
@@ -284,7 +303,7 @@ async function servedGraphs() {
 
 // A W8A8 build's batch graph (scripts/batch_graph.py): the passes of several requests in one run, each
 // read bit for bit as model.onnx reads it alone. From the same GGUF, so only for builds made from a recipe.
-function ensureBatchGraphs(builds, graphs) {
+async function ensureBatchGraphs(builds, graphs) {
   for (const { name, build, dir, recipe, entry } of builds) {
     if (!entry) continue;
     const manifest = path.join(dir, "manifest.json");
@@ -297,7 +316,7 @@ function ensureBatchGraphs(builds, graphs) {
     say(`model "${name}": writing its batch graph (first run on this machine only, a few minutes) ...`);
     const gguf = weightsOf(build.recipe, recipe, true);
     for (const f of twins) unmarkStage(entry, `batch ${f}`);
-    run(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf, "--graphs", ...graphs], {
+    await runAsync(ensureVenv(), [path.join(ROOT, "scripts", "batch_graph.py"), "--build", dir, "--gguf", gguf, "--graphs", ...graphs], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
     });
     for (const f of twins) markStage(entry, `batch ${f}`);
@@ -314,7 +333,7 @@ function gpuGraphsNamed() {
   return new Set(argv.flatMap((a, i) => (argv[i - 1] === "--gpu-graph" ? [a] : [])));
 }
 
-function ensureGpuGraphs(builds) {
+async function ensureGpuGraphs(builds) {
   const gpu = ["cuda", "webgpu"].includes(process.env.ASSAY_EXECUTION_PROVIDER ?? "");
   const named = gpuGraphsNamed();
   if (!gpu && named.size === 0) return;
@@ -337,10 +356,29 @@ function ensureGpuGraphs(builds) {
     say(`model "${name}": writing its GPU graph (first run on this machine only, a minute or two) ...`);
     const gguf = weightsOf(build.recipe, recipe, true);
     unmarkStage(entry, "gpu");
-    run(ensureVenv(), [path.join(ROOT, "scripts", "gpu_graph.py"), "--build", dir, "--gguf", gguf], {
+    await runAsync(ensureVenv(), [path.join(ROOT, "scripts", "gpu_graph.py"), "--build", dir, "--gguf", gguf], {
       env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
     });
     markStage(entry, "gpu");
+  }
+}
+
+// A build's batch graph and its GPU graph are written from the same GGUF and the export's model.onnx, and
+// neither reads the other: each is mostly one core's Python work (measured on the 0.5B, AVX-512 EPYC: 93 s
+// and 78 s one after the other, 97 s side by side, the same bytes), so they run together where the machine
+// holds both: each peaks at about 8 bytes per parameter (0.5B: 5.1 and 4.8 GB).
+const GRAPH_STEP_BYTES_PER_PARAMETER = 8.5;
+
+async function ensureBatchAndGpuGraphs(builds, graphs) {
+  for (const b of builds) {
+    const manifest = path.join(b.dir, "manifest.json");
+    const parameters = fs.existsSync(manifest) ? Number(JSON.parse(fs.readFileSync(manifest, "utf8")).parameters) || 0 : 0;
+    if (2 * parameters * GRAPH_STEP_BYTES_PER_PARAMETER <= 0.75 * os.totalmem()) {
+      await Promise.all([ensureBatchGraphs([b], graphs), ensureGpuGraphs([b])]);
+    } else {
+      await ensureBatchGraphs([b], graphs);
+      await ensureGpuGraphs([b]);
+    }
   }
 }
 
@@ -403,12 +441,11 @@ if (!args.has("--no-build")) ensureBuild();
 if (!args.has("--no-models")) {
   // Read before the lock: it imports the compiled engine, which takes a moment.
   const graphs = await servedGraphs();
-  withLock(BUILD_CACHE, say, () => {
+  await withLock(BUILD_CACHE, say, async () => {
     sweepPartials(BUILD_CACHE);
     const builds = buildsToPrepare();
     ensureModels(builds);
-    ensureBatchGraphs(builds, graphs);
-    ensureGpuGraphs(builds);
+    await ensureBatchAndGpuGraphs(builds, graphs);
     ensureHalfGraphs(builds);
     // --venv: the converter's venv linked in too where no build needed it (npm test: a test runs its self-check).
     if (args.has("--venv")) ensureVenv();

@@ -175,11 +175,18 @@ export function withLock(root, say, fn) {
       Atomics.wait(wait, 0, 0, 500);
     }
   }
+  const release = () => fs.rmSync(lock, { recursive: true, force: true });
+  let result;
   try {
-    return fn();
-  } finally {
-    fs.rmSync(lock, { recursive: true, force: true });
+    result = fn();
+  } catch (e) {
+    release();
+    throw e;
   }
+  // An async fn holds the lock until it settles.
+  if (result instanceof Promise) return result.finally(release);
+  release();
+  return result;
 }
 
 /**

@@ -173,4 +173,16 @@ describe("build cache entries", () => {
     expect(said.join("\n")).toMatch(/taking over/);
     expect(fs.existsSync(path.join(root, "lock"))).toBe(false);
   });
+
+  it("an async holder (the batch and GPU graphs written side by side) keeps the lock until it settles, resolved or rejected", async () => {
+    const root = fs.mkdtempSync(path.join(tmp, "root-"));
+    let finish!: () => void;
+    const held = withLock(root, () => {}, () => new Promise<string>((resolve) => (finish = () => resolve("done")))) as Promise<string>;
+    expect(fs.existsSync(path.join(root, "lock"))).toBe(true);
+    finish();
+    await expect(held).resolves.toBe("done");
+    expect(fs.existsSync(path.join(root, "lock"))).toBe(false);
+    await expect(withLock(root, () => {}, () => Promise.reject(new Error("step failed")))).rejects.toThrow("step failed");
+    expect(fs.existsSync(path.join(root, "lock"))).toBe(false);
+  });
 });
