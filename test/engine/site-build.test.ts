@@ -6,7 +6,7 @@
  * as a float32 checkpoint, read back through the checkpoint path tensor for tensor (scripts/round_trip.py).
  * Nothing is downloaded: the tiny models are made here from configs, their tokenizers trained here.
  */
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -27,6 +27,20 @@ function python(args: string[], timeout = 600_000): { status: number | null; std
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+/** `python`, as a child process this file's other checks run beside (the round trip is mostly one core's reading). */
+function pythonAsync(args: string[], timeout = 900_000): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const p = spawn(PY, args, { cwd: ROOT, timeout, env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" }, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    p.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
+    p.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    p.once("close", (status) => resolve({ status, stdout, stderr }));
+  });
+}
+
+let roundTrip: Promise<{ status: number | null; stdout: string; stderr: string }> | undefined;
+
 async function cli(args: string[]): Promise<{ code: number; out: string; err: string }> {
   let out = "";
   let err = "";
@@ -37,9 +51,13 @@ async function cli(args: string[]): Promise<{ code: number; out: string; err: st
 beforeAll(() => {
   expect(fs.existsSync(PY), `${PY}: npm test's bootstrap links the converter's venv (--venv)`).toBe(true);
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "assay-site-build-"));
+  // Started first, awaited by its own test below: the 0.5B's round trip (a minute, one core) runs beside
+  // the tiny models' checks and build.
+  if (fs.existsSync(GGUF)) roundTrip = pythonAsync([path.join(ROOT, "scripts", "round_trip.py"), "--gguf", GGUF, "--out", path.join(dir, "ckpt-0.5b")]);
 });
 
-afterAll(() => {
+afterAll(async () => {
+  await roundTrip;
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
@@ -196,9 +214,9 @@ describe("assay build --from refuses a folder that cannot be built, before any c
 });
 
 describe("the 0.5B through the checkpoint path", () => {
-  it("reads back, from its GGUF written out as a float32 safetensors checkpoint, the very tensors and token ids the GGUF build is made of", () => {
+  it("reads back, from its GGUF written out as a float32 safetensors checkpoint, the very tensors and token ids the GGUF build is made of", async () => {
     expect(fs.existsSync(GGUF), `${GGUF}: the bootstrap's weights`).toBe(true);
-    const r = python([path.join(ROOT, "scripts", "round_trip.py"), "--gguf", GGUF, "--out", path.join(dir, "ckpt-0.5b")]);
+    const r = await roundTrip!;
     const line = r.stdout.trim().split("\n").filter((l) => l.startsWith("{")).at(-1);
     expect(line, r.stderr.slice(-2000)).toBeDefined();
     const got = JSON.parse(line!) as { tensors_compared: number; tensors_differing: string[]; same_spec: boolean; texts_tokenized_differently: number };
