@@ -54,10 +54,13 @@ beforeAll(async () => {
   fs.writeFileSync(path.join(half, GPU16_GRAPH.facts), JSON.stringify({ format: GPU16_GRAPH.format, build_hash, dtype: "float16" }));
   const env = { ASSAY_PREFIX_CACHE_MB: "0" };
   const fallback = { ASSAY_EXECUTION_PROVIDER: "cuda", ASSAY_CUDA_DEVICES: "0", ASSAY_CUDA_FALLBACK_CPU: "1" };
-  cuda = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(int8, MODEL) });
-  cudaGpuGraph = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(gpu, MODEL) });
-  cudaHalfGraph = await startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(half, MODEL) });
-  cpu = await startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu", ASSAY_MODELS_CONFIG: oneBuildConfig(SMALL, MODEL) });
+  // Started together: a load is mostly one core's work (the CUDA provider's refusal, the graph's optimization).
+  [cuda, cudaGpuGraph, cudaHalfGraph, cpu] = await Promise.all([
+    startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(int8, MODEL) }),
+    startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(gpu, MODEL) }),
+    startEngine({ ...env, ...fallback, ASSAY_MODELS_CONFIG: oneBuildConfig(half, MODEL) }),
+    startEngine({ ...env, ASSAY_EXECUTION_PROVIDER: "cpu", ASSAY_MODELS_CONFIG: oneBuildConfig(SMALL, MODEL) }),
+  ]);
 }, 300_000);
 
 afterAll(async () => {
