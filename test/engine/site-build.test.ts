@@ -6,10 +6,11 @@
  * as a float32 checkpoint, read back through the checkpoint path tensor for tensor (scripts/round_trip.py).
  * Nothing is downloaded: the tiny models are made here from configs, their tokenizers trained here.
  */
-import { spawn, spawnSync } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../../src/cli/index.js";
 import { ROOT } from "../../src/config/index.js";
@@ -29,14 +30,11 @@ function python(args: string[], timeout = 600_000): { status: number | null; std
 
 /** `python`, as a child process this file's other checks run beside (the round trip is mostly one core's reading). */
 function pythonAsync(args: string[], timeout = 900_000): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(PY, args, { cwd: ROOT, timeout, env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" }, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
-    p.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
-    p.once("close", (status) => resolve({ status, stdout, stderr }));
-  });
+  const env = { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" };
+  return promisify(execFile)(PY, args, { cwd: ROOT, timeout, env, maxBuffer: 64 << 20 }).then(
+    (r) => ({ status: 0, ...r }),
+    (e: { code?: number; stdout?: string; stderr?: string }) => ({ status: typeof e.code === "number" ? e.code : null, stdout: e.stdout ?? "", stderr: e.stderr ?? "" }),
+  );
 }
 
 let roundTrip: Promise<{ status: number | null; stdout: string; stderr: string }> | undefined;

@@ -13,10 +13,11 @@
  * and 0.056;
  * docs/experiments/gpu.md).
  */
-import { spawn } from "node:child_process";
+import { execFile } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../../src/config/index.js";
 import { GPU_GRAPH } from "../../src/models/manifest.js";
@@ -41,16 +42,11 @@ let cpu: EnginePipeline | undefined;
 let gpuGraphOnCpu: EnginePipeline | undefined;
 let placement: Promise<{ stdout: string; stderr: string }>;
 
-/** scripts/placement.mjs on the GPU graph, as a child process: its stdout (the placement as JSON) and stderr. */
+/** scripts/placement.mjs on the GPU graph, as a child process: its stdout (the placement as JSON) and stderr, whatever its exit. */
 function placementOf(graph: string): Promise<{ stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [path.join(ROOT, "scripts", "placement.mjs"), graph, "webgpu"], { stdio: ["ignore", "pipe", "pipe"], timeout: 300_000 });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (c: Buffer) => (stdout += c.toString()));
-    p.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
-    p.once("close", () => resolve({ stdout, stderr }));
-  });
+  return promisify(execFile)(process.execPath, [path.join(ROOT, "scripts", "placement.mjs"), graph, "webgpu"], { timeout: 300_000, maxBuffer: 64 << 20 }).catch(
+    (e: { stdout?: string; stderr?: string }) => ({ stdout: e.stdout ?? "", stderr: e.stderr ?? "" }),
+  );
 }
 
 beforeAll(async () => {
