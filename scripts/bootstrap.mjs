@@ -27,12 +27,14 @@ const args = new Set(process.argv.slice(2));
 
 const say = (msg) => console.error(`[bootstrap] ${msg}`);
 
+function failed(cmd, argv, status, signal) {
+  say(`failed: ${cmd} ${argv.join(" ")} (exit ${status ?? signal})`);
+  process.exit(status || 1);
+}
+
 function run(cmd, argv, opts = {}) {
   const r = spawnSync(cmd, argv, { stdio: "inherit", cwd: ROOT, ...opts });
-  if (r.status !== 0) {
-    say(`failed: ${cmd} ${argv.join(" ")} (exit ${r.status ?? r.signal})`);
-    process.exit(r.status || 1);
-  }
+  if (r.status !== 0) failed(cmd, argv, r.status, r.signal);
 }
 
 /** `run`, as a promise: for the steps bootstrap runs side by side (a build's batch and GPU graphs). */
@@ -45,10 +47,9 @@ function runAsync(cmd, argv, opts = {}) {
     child.once("close", (status, signal) => {
       running.delete(child);
       if (status === 0) return resolve();
-      say(`failed: ${cmd} ${argv.join(" ")} (exit ${status ?? signal})`);
       // The step beside it would write on into a build this bootstrap gives up on.
       for (const other of running) other.kill("SIGTERM");
-      process.exit(status || 1);
+      failed(cmd, argv, status, signal);
     });
   });
 }
